@@ -1,0 +1,33 @@
+# The two commands of the README. Each one creates or refreshes the virtual
+# environment (.venv) first, so a fresh clone needs nothing but Python 3.10+.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.splice-installed
+
+.PHONY: demo test bench lint format
+
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[dev,bench]"
+	touch $(STAMP)
+
+## demo: the main job (see README)
+demo: $(STAMP)
+	$(BIN)/python -m splice.demo
+
+## test: lint, format check, type check and the whole test suite (what CI runs)
+test: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+	$(BIN)/pytest
+
+## bench: every benchmark, splice vs TorchRL vs the raw limit
+bench: $(STAMP)
+	$(BIN)/python -m benchmarks
+
+format: $(STAMP)
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .

@@ -1,0 +1,188 @@
+"""The data contract: key names, dtypes and shapes of a splice batch, and a validator.
+
+A collector batch is a :class:`tensordict.TensorDict` of shape ``[T]`` (one env) or
+``[B, T]`` (``B`` envs, time last). The keys follow TorchRL's conventions so that code
+ports by changing imports; see ``docs/data_contract`` for the full table.
+
+Examples:
+    >>> import torch
+    >>> from tensordict import TensorDict
+    >>> from splice import layout
+    >>> batch = TensorDict(
+    ...     {
+    ...         layout.TRAJ_IDS: torch.tensor([0, 0, 1]),
+    ...         layout.DONE: torch.tensor([[False], [True], [False]]),
+    ...         layout.REWARD: torch.ones(3, 1),
+    ...     },
+    ...     batch_size=[3],
+    ... )
+    >>> layout.validate_batch(batch, required=(layout.TRAJ_IDS, layout.DONE))
+    >>> batch[layout.DONE] = torch.zeros(3)  # wrong dtype and shape
+    >>> layout.validate_batch(batch)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+      ...
+    splice.layout.LayoutError: key ('next', 'done'): expected dtype torch.bool and shape [3, 1], ...
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import torch
+from tensordict import TensorDictBase
+from tensordict.utils import NestedKey
+
+__all__ = [
+    "ACTION",
+    "CUT",
+    "DONE",
+    "IS_INIT",
+    "MASK",
+    "NEXT",
+    "NEXT_OBSERVATION",
+    "OBSERVATION",
+    "PADDING_ID",
+    "REWARD",
+    "TERMINATED",
+    "TRAJ_IDS",
+    "TRUNCATED",
+    "KeySpec",
+    "LayoutError",
+    "as_key_tuple",
+    "validate_batch",
+]
+
+NEXT = "next"
+OBSERVATION = "observation"
+ACTION = "action"
+IS_INIT = "is_init"
+NEXT_OBSERVATION = (NEXT, OBSERVATION)
+REWARD = (NEXT, "reward")
+DONE = (NEXT, "done")
+TERMINATED = (NEXT, "terminated")
+TRUNCATED = (NEXT, "truncated")
+TRAJ_IDS = ("collector", "traj_ids")
+MASK = ("collector", "mask")
+#: True on the last step of a trajectory *fragment* that the collector cut at a batch edge:
+#: the episode goes on in the next batch under the same id. The environment did not end it,
+#: so it is never a reason to stop bootstrapping and never makes a fragment "complete".
+CUT = ("collector", "cut")
+
+#: The trajectory id of padding positions. Real ids are ``>= 0``.
+PADDING_ID = -1
+
+
+class LayoutError(ValueError):
+    """A batch does not follow the data contract; the message names the key."""
+
+
+@dataclass(frozen=True)
+class KeySpec:
+    """What the contract says about one key.
+
+    Args:
+        dtype: ``"bool"``, ``"int64"`` or ``"float"`` (any floating dtype).
+        trailing_one: whether the key carries a trailing singleton dim (``[..., 1]``), as
+            TorchRL's done/reward entries do.
+    """
+
+    dtype: str
+    trailing_one: bool
+
+    def expected_shape(self, batch_shape: torch.Size) -> list[int]:
+        return [*batch_shape, 1] if self.trailing_one else list(batch_shape)
+
+    def dtype_ok(self, dtype: torch.dtype) -> bool:
+        if self.dtype == "float":
+            return dtype.is_floating_point
+        return dtype == getattr(torch, self.dtype)
+
+    def dtype_name(self) -> str:
+        return "floating point" if self.dtype == "float" else f"torch.{self.dtype}"
+
+
+CONTRACT: dict[NestedKey, KeySpec] = {
+    IS_INIT: KeySpec("bool", trailing_one=True),
+    REWARD: KeySpec("float", trailing_one=True),
+    DONE: KeySpec("bool", trailing_one=True),
+    TERMINATED: KeySpec("bool", trailing_one=True),
+    TRUNCATED: KeySpec("bool", trailing_one=True),
+    TRAJ_IDS: KeySpec("int64", trailing_one=False),
+    MASK: KeySpec("bool", trailing_one=False),
+    CUT: KeySpec("bool", trailing_one=False),
+}
+
+
+def as_key_tuple(key: NestedKey) -> tuple[str, ...]:
+    """Normalise a nested key to a flat tuple of strings.
+
+    Examples:
+        >>> as_key_tuple(("next", ("done",)))
+        ('next', 'done')
+    """
+    if isinstance(key, str):
+        return (key,)
+    out: list[str] = []
+    for part in key:
+        out.extend(as_key_tuple(part))
+    return tuple(out)
+
+
+def _fmt(key: NestedKey) -> str:
+    key = as_key_tuple(key)
+    return repr(key[0]) if len(key) == 1 else repr(key)
+
+
+def validate_batch(
+    td: TensorDictBase,
+    *,
+    required: Iterable[NestedKey] = (),
+    check_done_consistency: bool = True,
+) -> None:
+    """Check that ``td`` follows the data contract.
+
+    Every contract key that is present must have the contract's dtype and shape (relative to
+    ``td.batch_size``); every key in ``required`` must be present; and when done, terminated
+    and truncated are all present, ``done`` must equal ``terminated | truncated``.
+
+    Args:
+        td: the batch to check.
+        required: keys that must be present.
+        check_done_consistency: verify ``done == terminated | truncated``.
+
+    Raises:
+        LayoutError: naming the offending key, the expected and the actual dtype/shape.
+
+    Examples:
+        >>> import torch
+        >>> from tensordict import TensorDict
+        >>> td = TensorDict({"observation": torch.zeros(4, 3)}, batch_size=[4])
+        >>> validate_batch(td, required=[("collector", "traj_ids")])
+        Traceback (most recent call last):
+          ...
+        splice.layout.LayoutError: missing key ('collector', 'traj_ids') (batch shape [4])
+    """
+    batch_shape = td.batch_size
+    for key in required:
+        if td.get(key, None) is None:
+            raise LayoutError(f"missing key {_fmt(key)} (batch shape {list(batch_shape)})")
+    for key, spec in CONTRACT.items():
+        value = td.get(key, None)
+        if value is None:
+            continue
+        expected = spec.expected_shape(batch_shape)
+        if not spec.dtype_ok(value.dtype) or list(value.shape) != expected:
+            raise LayoutError(
+                f"key {_fmt(key)}: expected dtype {spec.dtype_name()} and shape {expected}, "
+                f"got dtype {value.dtype} and shape {list(value.shape)}"
+            )
+    if check_done_consistency:
+        done, term, trunc = (td.get(k, None) for k in (DONE, TERMINATED, TRUNCATED))
+        if done is not None and term is not None and trunc is not None:
+            bad = done != (term | trunc)
+            if bad.any():
+                raise LayoutError(
+                    f"key {_fmt(DONE)} must equal terminated | truncated; it differs at "
+                    f"{int(bad.sum())} of {bad.numel()} positions"
+                )

@@ -1,0 +1,11 @@
+"""Trajectory operations: pure tensor code, no environments.
+
+* :func:`split_trajectories` — steps to one row per trajectory (padded + mask, or nested);
+* :func:`cat_trajectories` — its inverse, the flat "cat" layout;
+* :class:`TrajectoryAssembler` — streaming: collector chunks in, complete episodes out.
+"""
+
+from splice.trajectories.assembler import TrajectoryAssembler
+from splice.trajectories.split import cat_trajectories, split_trajectories
+
+__all__ = ["TrajectoryAssembler", "cat_trajectories", "split_trajectories"]

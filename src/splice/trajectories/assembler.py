@@ -1,0 +1,360 @@
+"""``TrajectoryAssembler``: collector chunks in, complete episodes out."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from tensordict import TensorDict, TensorDictBase
+from tensordict.utils import NestedKey
+from torch import Tensor
+
+from splice.layout import CUT, DONE, MASK, TRAJ_IDS, LayoutError, as_key_tuple
+from splice.trajectories._index import TrajectoryIndex, index_by_id, index_by_row
+from splice.trajectories._tensordict import Key, leaves, map_leaves, replace_last
+from splice.trajectories.split import to_padded
+
+__all__ = ["TrajFormat", "TrajectoryAssembler"]
+
+TrajFormat = Literal["padded", "cat"]
+_FORMATS = ("padded", "cat")
+
+
+class TrajectoryAssembler:
+    """Stitch trajectory fragments from successive collector batches into whole episodes.
+
+    :meth:`ingest` takes batches of shape ``[T]`` or ``[B, T]`` whose trajectories continue
+    across calls (same id in the next batch). An episode is *complete* when a step of it has
+    ``("next", "done")`` (or terminated/truncated) set by the environment. A step marked
+    ``("collector", "cut")`` is a cut made by the collector at a batch edge: it never completes
+    an episode, and any done/truncated flag the collector put there (TorchRL's
+    ``set_truncated``) is cleared when the fragments are stitched, so an emitted episode has a
+    single end, at its last step.
+
+    :meth:`emit` returns complete episodes in the order they completed (ties: earlier env row
+    first) as ``[n, max_len]`` + mask (``"padded"``) or flat ``[sum of lengths]`` (``"cat"``).
+    :meth:`flush` returns the episodes still in flight, each marked with ``cut=True`` on its
+    last step so it can never pass for a complete episode.
+
+    Steps are kept in one flat pool that grows geometrically and is compacted lazily, so
+    memory stays proportional to what is buffered, no Python object is made per step, and
+    a long episode is never re-concatenated batch after batch.
+
+    Args:
+        trajectory_key: key of the trajectory ids (required in every batch).
+        done_key: key of the done flag; ``terminated``/``truncated`` are read next to it.
+        cut_key: key of the collector's cut mark (optional in the input, always in the output).
+        mask_key: key of the mask in ``"padded"`` output.
+
+    Examples:
+        >>> import torch
+        >>> from tensordict import TensorDict
+        >>> from splice import TrajectoryAssembler
+        >>> def chunk(ids, done):
+        ...     return TensorDict(
+        ...         {
+        ...             ("collector", "traj_ids"): torch.tensor(ids),
+        ...             ("next", "done"): torch.tensor(done).unsqueeze(-1),
+        ...         },
+        ...         batch_size=[len(ids)],
+        ...     )
+        >>> asm = TrajectoryAssembler()
+        >>> asm.ingest(chunk([0, 0, 0], [False, False, False]))  # episode 0 is cut
+        0
+        >>> asm.ingest(chunk([0, 1, 1], [True, False, False]))  # ... and ends here
+        1
+        >>> len(asm), asm.num_in_flight
+        (1, 1)
+        >>> episode = asm.emit(1)
+        >>> episode["collector", "traj_ids"]
+        tensor([[0, 0, 0, 0]])
+        >>> asm.flush(traj_format="cat")["collector", "cut"]
+        tensor([False,  True])
+    """
+
+    def __init__(
+        self,
+        *,
+        trajectory_key: NestedKey = TRAJ_IDS,
+        done_key: NestedKey = DONE,
+        cut_key: NestedKey = CUT,
+        mask_key: NestedKey = MASK,
+    ) -> None:
+        self.trajectory_key = as_key_tuple(trajectory_key)
+        self.done_key = as_key_tuple(done_key)
+        self.terminated_key = replace_last(done_key, "terminated")
+        self.truncated_key = replace_last(done_key, "truncated")
+        self.cut_key = as_key_tuple(cut_key)
+        self.mask_key = as_key_tuple(mask_key)
+        self.reset()
+
+    # ------------------------------------------------------------------ state
+    def reset(self) -> None:
+        """Drop everything buffered: complete and in-flight episodes and the key schema."""
+        self._pool: TensorDict | None = None
+        self._schema: dict[Key, tuple[torch.dtype, torch.Size]] | None = None
+        self._ids = torch.empty(0, dtype=torch.int64)
+        self._alive = torch.empty(0, dtype=torch.bool)
+        self._size = 0  # pool rows in use, alive or dead
+        self._n_dead = 0
+        self._complete = torch.empty(0, dtype=torch.int64)  # ids, in completion order
+
+    def __len__(self) -> int:
+        """The number of complete episodes ready to :meth:`emit`."""
+        return self._complete.numel()
+
+    @property
+    def num_complete(self) -> int:
+        """Complete episodes ready to emit (same as ``len()``)."""
+        return len(self)
+
+    @property
+    def num_in_flight(self) -> int:
+        """Episodes started but not finished yet."""
+        return int(torch.unique(self._ids[: self._size][self._in_flight_mask()]).numel())
+
+    @property
+    def frames_complete(self) -> int:
+        """Steps held by complete episodes."""
+        return int(self._complete_mask().sum())
+
+    @property
+    def frames_in_flight(self) -> int:
+        """Steps held by episodes still in flight."""
+        return int(self._in_flight_mask().sum())
+
+    @property
+    def frames_buffered(self) -> int:
+        """All steps held (complete plus in flight)."""
+        return self._size - self._n_dead
+
+    def _complete_mask(self) -> Tensor:
+        live = self._alive[: self._size]
+        return live & torch.isin(self._ids[: self._size], self._complete)
+
+    def _in_flight_mask(self) -> Tensor:
+        live = self._alive[: self._size]
+        return live & ~torch.isin(self._ids[: self._size], self._complete)
+
+    # ----------------------------------------------------------------- ingest
+    def ingest(self, batch: TensorDictBase) -> int:
+        """Add a collector batch (``[T]`` or ``[B, T]``, time last).
+
+        Steps with a negative id, or whose mask (if the batch has one) is False, are padding
+        and are ignored. The batch is validated before anything is stored: on error the
+        assembler is left exactly as it was.
+
+        Returns:
+            The number of episodes this batch completed.
+
+        Raises:
+            LayoutError: no ids, no done flags, wrong shapes or dtypes, or keys that differ
+                from the batches ingested before.
+        """
+        ids, ends, cut = self._read_batch(batch)
+        flat = batch.exclude(self.mask_key, self.cut_key).reshape(-1)
+        n_env, n_time = (1, batch.shape[0]) if batch.ndim == 1 else batch.shape
+        valid = ids >= 0
+        mask = batch.get(self.mask_key, None)
+        if mask is not None:
+            valid &= mask.reshape(-1).to(torch.bool)
+        # Completion order: by time step, then env row (flat index is env-major).
+        flat_pos = torch.arange(ids.numel())
+        completion_key = (flat_pos % n_time) * n_env + flat_pos // n_time
+        ends &= valid
+        done_ids = ids[ends][torch.argsort(completion_key[ends])]
+        if not bool(valid.all()):
+            keep = valid.nonzero().squeeze(1)
+            flat = map_leaves(flat, lambda _, x: x.index_select(0, keep), [keep.numel()])
+            ids, cut = ids[keep], cut[keep]
+        self._check_schema(flat)
+        self._append(flat, ids, cut)
+        self._complete = torch.cat([self._complete, done_ids])
+        return done_ids.numel()
+
+    def _read_batch(self, batch: TensorDictBase) -> tuple[Tensor, Tensor, Tensor]:
+        if batch.ndim not in (1, 2):
+            raise LayoutError(
+                f"ingest expects a [T] or [B, T] batch, got batch shape {list(batch.batch_size)}"
+            )
+        ids = batch.get(self.trajectory_key, None)
+        if ids is None:
+            raise LayoutError(f"missing key {self.trajectory_key!r}: trajectory ids are required")
+        if ids.dtype.is_floating_point or ids.dtype == torch.bool or ids.shape != batch.shape:
+            raise LayoutError(
+                f"key {self.trajectory_key!r}: expected integer ids of shape "
+                f"{list(batch.batch_size)}, got dtype {ids.dtype} and shape {list(ids.shape)}"
+            )
+        ends = torch.zeros(batch.shape, dtype=torch.bool)
+        found = False
+        for key in (self.done_key, self.terminated_key, self.truncated_key):
+            flag = batch.get(key, None)
+            if flag is None:
+                continue
+            found = True
+            ends |= self._per_step(flag, key, batch)
+        if not found:
+            raise LayoutError(
+                f"missing key {self.done_key!r}: an end-of-episode flag (done, terminated or "
+                "truncated) is required"
+            )
+        cut_flag = batch.get(self.cut_key, None)
+        cut = (
+            torch.zeros(batch.shape, dtype=torch.bool)
+            if cut_flag is None
+            else self._per_step(cut_flag, self.cut_key, batch)
+        )
+        return ids.reshape(-1).to(torch.int64), (ends & ~cut).reshape(-1), cut.reshape(-1)
+
+    @staticmethod
+    def _per_step(flag: Tensor, key: Key, batch: TensorDictBase) -> Tensor:
+        if flag.dtype != torch.bool or tuple(flag.shape[: batch.ndim]) != tuple(batch.shape):
+            raise LayoutError(
+                f"key {key!r}: expected a bool flag of shape {list(batch.batch_size)} or "
+                f"{[*batch.batch_size, 1]}, got dtype {flag.dtype} and shape {list(flag.shape)}"
+            )
+        return flag.reshape(*batch.shape, -1).any(-1)
+
+    def _check_schema(self, flat: TensorDictBase) -> None:
+        schema = {key: (x.dtype, x.shape[1:]) for key, x in leaves(flat)}
+        if self._schema is None:
+            self._schema = schema
+            return
+        if schema == self._schema:
+            return
+        missing = sorted(set(self._schema) - set(schema))
+        extra = sorted(set(schema) - set(self._schema))
+        if missing or extra:
+            raise LayoutError(
+                f"batch keys differ from earlier batches: missing {missing}, unexpected {extra}"
+            )
+        for key, (dtype, feature) in schema.items():
+            want_dtype, want_feature = self._schema[key]
+            if (dtype, feature) != (want_dtype, want_feature):
+                raise LayoutError(
+                    f"key {key!r}: expected dtype {want_dtype} and per-step shape "
+                    f"{list(want_feature)} as in earlier batches, got dtype {dtype} and "
+                    f"per-step shape {list(feature)}"
+                )
+
+    def _append(self, flat: TensorDictBase, ids: Tensor, cut: Tensor) -> None:
+        n = ids.numel()
+        self._reserve(n, flat)
+        assert self._pool is not None
+        lo, hi = self._size, self._size + n
+        pool = self._pool[lo:hi]
+        pool.update_(flat)
+        if bool(cut.any()):
+            # Stitching: what the collector marked at a cut (TorchRL's set_truncated) is not
+            # an episode end, so it must not survive inside the assembled episode.
+            at_cut = cut.nonzero().squeeze(1)
+            for key in (self.done_key, self.truncated_key):
+                flag = pool.get(key, None)
+                if flag is not None:
+                    flag[at_cut] = False
+        pool.get(self.cut_key).zero_()
+        self._ids[lo:hi] = ids
+        self._alive[lo:hi] = True
+        self._size = hi
+
+    def _reserve(self, n: int, like: TensorDictBase) -> None:
+        capacity = self._ids.numel()
+        if self._size + n <= capacity:
+            return
+        if self._n_dead:
+            self._compact()
+            if self._size + n <= capacity:
+                return
+        new_capacity = max(2 * capacity, self._size + n, 64)
+        if self._pool is None:
+            template = like.clone(recurse=False)
+            template.set(self.cut_key, torch.zeros(like.shape, dtype=torch.bool))
+        else:
+            template = self._pool
+        pool = map_leaves(
+            template, lambda _, x: x.new_empty((new_capacity, *x.shape[1:])), [new_capacity]
+        )
+        ids = torch.empty(new_capacity, dtype=torch.int64)
+        alive = torch.zeros(new_capacity, dtype=torch.bool)
+        if self._pool is not None and self._size:
+            pool[: self._size] = self._pool[: self._size]
+            ids[: self._size] = self._ids[: self._size]
+            alive[: self._size] = self._alive[: self._size]
+        self._pool, self._ids, self._alive = pool, ids, alive
+
+    def _compact(self) -> None:
+        assert self._pool is not None
+        keep = self._alive[: self._size].nonzero().squeeze(1)
+        k = keep.numel()
+        self._pool[:k] = self._pool[keep]
+        self._ids[:k] = self._ids[keep]
+        self._alive[:k] = True
+        self._alive[k : self._size] = False
+        self._size, self._n_dead = k, 0
+
+    # ------------------------------------------------------------------- emit
+    def emit(self, n: int | None = None, traj_format: TrajFormat = "padded") -> TensorDict:
+        """Remove and return ``n`` complete episodes (all of them when ``n`` is None).
+
+        Args:
+            n: how many episodes; at most ``len(self)``.
+            traj_format: ``"padded"`` gives ``[n, max_len]`` with a mask (ids padded with
+                ``-1``, everything else with zeros); ``"cat"`` gives ``[sum of lengths]``.
+
+        Raises:
+            ValueError: ``n`` larger than the number of complete episodes, or an unknown
+                ``traj_format``. Nothing is removed in that case.
+        """
+        _check_format(traj_format)
+        available = len(self)
+        n = available if n is None else n
+        if not 0 <= n <= available:
+            raise ValueError(
+                f"emit(n={n}): {available} complete episode(s) are buffered; ask for at most "
+                f"{available} or ingest more batches"
+            )
+        chosen, self._complete = self._complete[:n], self._complete[n:]
+        live = self._alive[: self._size]
+        steps = (live & torch.isin(self._ids[: self._size], chosen)).nonzero().squeeze(1)
+        sorted_chosen, order = chosen.sort()
+        row = order[torch.searchsorted(sorted_chosen, self._ids[steps])]
+        return self._take(steps, index_by_row(row, n), traj_format, mark_cut=False)
+
+    def flush(self, traj_format: TrajFormat = "padded") -> TensorDict | None:
+        """Remove and return the episodes still in flight, or None if there are none.
+
+        Rows are in order of each episode's first step. Every returned episode is incomplete:
+        its last step has ``("collector", "cut") = True`` and no done flag from the
+        environment. Complete episodes stay buffered for :meth:`emit`.
+        """
+        _check_format(traj_format)
+        steps = self._in_flight_mask().nonzero().squeeze(1)
+        if steps.numel() == 0:
+            return None
+        return self._take(steps, index_by_id(self._ids[steps]), traj_format, mark_cut=True)
+
+    def _take(
+        self, steps: Tensor, index: TrajectoryIndex, traj_format: TrajFormat, *, mark_cut: bool
+    ) -> TensorDict:
+        assert self._pool is not None or steps.numel() == 0
+        if self._pool is None:
+            return TensorDict({}, batch_size=[0, 0] if traj_format == "padded" else [0])
+        if traj_format == "cat":
+            steps = steps[index.cat_order()]
+            index = index_by_row(torch.repeat_interleave(index.lengths), index.n_rows)
+        flat = map_leaves(self._pool, lambda _, x: x.index_select(0, steps), [steps.numel()])
+        if mark_cut:
+            last = index.pos == index.lengths[index.row] - 1
+            flat.get(self.cut_key)[last] = True
+        self._alive[steps] = False
+        self._n_dead += steps.numel()
+        if self._n_dead * 2 > self._size:
+            self._compact()
+        if traj_format == "cat":
+            return flat
+        return to_padded(flat, index, ids_key=self.trajectory_key, mask_key=self.mask_key)
+
+
+def _check_format(traj_format: str) -> None:
+    if traj_format not in _FORMATS:
+        raise ValueError(f"traj_format must be one of {_FORMATS}, got {traj_format!r}")
