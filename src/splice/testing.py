@@ -50,6 +50,7 @@ def synthetic_rollout(
     seed: int = 0,
     first_id: int = 0,
     truncated_fraction: float = 0.2,
+    first_is_init: bool = False,
 ) -> TensorDict:
     """A ``[n_env, n_steps]`` collector-like batch with the full data contract.
 
@@ -62,10 +63,12 @@ def synthetic_rollout(
         seed: numpy seed.
         first_id: the smallest trajectory id (ids are ``first_id, first_id + 1, ...``).
         truncated_fraction: fraction of episode ends that are time-limit truncations.
+        first_is_init: the first episode of every row starts at ``t = 0`` (``is_init`` True)
+            instead of being already under way.
 
     The last episode of every row is cut at the batch edge (``("collector", "cut")`` True on
-    its last step, done False) and the first episode of every row was already running when the
-    batch starts (``is_init`` False on its first step).
+    its last step, done False) and, unless ``first_is_init``, the first episode of every row was
+    already running when the batch starts (``is_init`` False on its first step).
     """
     rng = np.random.default_rng(seed)
     starts: list[tuple[int, int]] = []  # (t_start, env) of each episode
@@ -87,6 +90,7 @@ def synthetic_rollout(
     truncated = done & (rng.random((n_env, n_steps)) < truncated_fraction)
     is_init = np.zeros((n_env, n_steps), dtype=bool)
     is_init[:, 1:] = done[:, :-1]
+    is_init[:, 0] = first_is_init
     cut = np.zeros((n_env, n_steps), dtype=bool)
     cut[:, -1] = ~done[:, -1]
 

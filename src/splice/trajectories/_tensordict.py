@@ -38,6 +38,14 @@ def map_leaves(
     )
 
 
+def flatten_batch(td: TensorDictBase) -> TensorDictBase:
+    """``[..., T]`` -> ``[N]``, env-major (row by row); views where the layout allows."""
+    if td.ndim == 1:
+        return td
+    n, ndim = td.numel(), td.ndim
+    return map_leaves(td, lambda _, x: x.reshape(n, *x.shape[ndim:]), [n])
+
+
 def replace_last(key: NestedKey, last: str) -> Key:
     """``("collector", "traj_ids")`` -> ``("collector", last)``."""
     return (*as_key_tuple(key)[:-1], last)

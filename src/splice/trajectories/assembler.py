@@ -11,7 +11,7 @@ from torch import Tensor
 
 from splice.layout import CUT, DONE, MASK, TRAJ_IDS, LayoutError, as_key_tuple
 from splice.trajectories._index import TrajectoryIndex, index_by_id, index_by_row
-from splice.trajectories._tensordict import Key, leaves, map_leaves, replace_last
+from splice.trajectories._tensordict import Key, flatten_batch, leaves, map_leaves, replace_last
 from splice.trajectories.split import to_padded
 
 __all__ = ["TrajFormat", "TrajectoryAssembler"]
@@ -152,7 +152,7 @@ class TrajectoryAssembler:
                 from the batches ingested before.
         """
         ids, ends, cut = self._read_batch(batch)
-        flat = batch.exclude(self.mask_key, self.cut_key).reshape(-1)
+        flat = flatten_batch(batch.exclude(self.mask_key, self.cut_key))
         n_env, n_time = (1, batch.shape[0]) if batch.ndim == 1 else batch.shape
         valid = ids >= 0
         mask = batch.get(self.mask_key, None)

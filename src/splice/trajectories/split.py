@@ -9,7 +9,13 @@ from torch import Tensor
 
 from splice.layout import NEXT, PADDING_ID, LayoutError, as_key_tuple
 from splice.trajectories._index import TrajectoryIndex, ids_from_done, index_by_id
-from splice.trajectories._tensordict import Key, leaves, map_leaves, resolve_trajectory_keys
+from splice.trajectories._tensordict import (
+    Key,
+    flatten_batch,
+    leaves,
+    map_leaves,
+    resolve_trajectory_keys,
+)
 
 __all__ = ["cat_trajectories", "split_trajectories", "to_nested", "to_padded"]
 
@@ -83,7 +89,7 @@ def split_trajectories(
         raise LayoutError("split_trajectories needs a batch with at least one (time) dimension")
     ids_key, mask_key = resolve_trajectory_keys(td, trajectory_key, prefix)
     ids, derived = _read_ids(td, ids_key, done_key)
-    flat = td.exclude(mask_key).reshape(-1)
+    flat = flatten_batch(td.exclude(mask_key))
     if derived:
         flat.set(ids_key, ids.reshape(-1))
     flat, ids = _drop_padding(flat, ids.reshape(-1), td.get(mask_key, None))
@@ -193,7 +199,10 @@ def to_nested(
             [index.n_rows],
         )
     lengths = index.lengths
-    return map_leaves(flat, lambda _, x: _strided_view(x, lengths), [index.n_rows, -1])
+    # A nested tensor whose rows all have the same length reports a regular size.
+    ragged = index.n_rows > 0 and bool((lengths != index.max_len).any())
+    batch_size = [index.n_rows, -1 if ragged else index.max_len]
+    return map_leaves(flat, lambda _, x: _strided_view(x, lengths), batch_size)
 
 
 def _strided_view(values: Tensor, lengths: Tensor) -> Tensor:
