@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -31,9 +33,7 @@ def make_batch(ids, done, *, terminated=None, cut=None, obs=None) -> TensorDict:
     return td
 
 
-def chunk_stream(
-    stream: TensorDict, chunk: int, *, set_truncated: bool
-) -> list[TensorDict]:
+def chunk_stream(stream: TensorDict, chunk: int, *, set_truncated: bool) -> list[TensorDict]:
     """Cut a ``[B, T]`` stream into ``[B, chunk]`` batches the way a collector does."""
     batches = []
     for lo in range(0, stream.shape[1], chunk):
@@ -252,4 +252,4 @@ def unpack(out: TensorDict, traj_format: str) -> list[TensorDict]:
     ends = torch.ones(len(out), dtype=torch.bool)
     ends[:-1] = out[TRAJ_IDS][1:] != out[TRAJ_IDS][:-1]
     bounds = [0, *(ends.nonzero().squeeze(1) + 1).tolist()]
-    return [out[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+    return [out[a:b] for a, b in itertools.pairwise(bounds)]

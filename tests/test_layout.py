@@ -42,5 +42,5 @@ def test_done_must_be_terminated_or_truncated() -> None:
     validate_batch(td, check_done_consistency=False)
     td[TERMINATED][0, 0] = False
     td[DONE][1, 3], td[TERMINATED][1, 3], td[TRUNCATED][1, 3] = False, False, True
-    with pytest.raises(ValueError, match="terminated | truncated"):
+    with pytest.raises(ValueError, match=r"terminated \| truncated"):
         validate_batch(td)

@@ -31,7 +31,7 @@ def assert_same_as_torchrl(ours: TensorDict, theirs: TensorDict, ids_key=TRAJ_ID
     """Equal everywhere, except that our padded ids are -1 where TorchRL writes 0."""
     assert ours.batch_size == theirs.batch_size
     assert set(ours.keys(True, True)) == set(theirs.keys(True, True))
-    mask = ours[ids_key[:-1] + ("mask",)] if isinstance(ids_key, tuple) else ours["mask"]
+    mask = ours[(*ids_key[:-1], "mask")] if isinstance(ids_key, tuple) else ours["mask"]
     for key in theirs.keys(True, True):
         a, b = ours[key], theirs[key]
         assert a.dtype == b.dtype, key

@@ -1,7 +1,7 @@
 """Index math shared by every trajectory operation: which row and position each step lands in.
 
-Pure tensor code: one stable sort and a few scans, no Python loop over trajectories or steps,
-and a single host synchronisation (for the output size).
+Pure tensor code: scans, scatters and sorts over whole tensors, no Python loop over
+trajectories or steps.
 """
 
 from __future__ import annotations
@@ -55,18 +55,14 @@ class TrajectoryIndex:
 
     def cat_is_identity(self) -> bool:
         """True when the steps are already laid out row after row (no reordering needed)."""
-        if self.n_steps == 0:
-            return True
-        return bool((self.offsets()[self.row] + self.pos == torch.arange(self.n_steps)).all())
+        return bool((self.row[1:] >= self.row[:-1]).all())
 
 
-def _group_positions(keys: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """Stable grouping of equal keys.
+def _group_by_sort(keys: Tensor) -> tuple[Tensor, Tensor]:
+    """``(rank, pos)`` by one stable sort of all steps: no host sync (accelerator path).
 
-    Returns ``(perm, pos_sorted, group_start)`` where ``perm`` sorts the keys stably,
-    ``pos_sorted[i]`` is the rank of sorted element ``i`` within its group (time order is
-    kept because the sort is stable) and ``group_start[i]`` is the sorted index where that
-    group begins.
+    ``rank`` numbers the groups of equal keys by first appearance; ``pos`` is each step's
+    index within its group, in order of appearance (the sort is stable).
     """
     n = keys.numel()
     sorted_keys, perm = torch.sort(keys, stable=True)
@@ -74,37 +70,72 @@ def _group_positions(keys: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     torch.ne(sorted_keys[1:], sorted_keys[:-1], out=new_group[1:])
     arange = torch.arange(n, device=keys.device)
     group_start = torch.where(new_group, arange, 0).cummax(0).values
-    return perm, arange - group_start, group_start
+    first_of_group = perm[group_start]  # stable sort: the group's earliest step
+    is_first = torch.zeros(n, dtype=torch.bool, device=keys.device)
+    is_first[first_of_group] = True
+    first_rank = torch.cumsum(is_first, 0) - 1
+    rank, pos = torch.empty_like(perm), torch.empty_like(perm)
+    rank[perm] = first_rank[first_of_group]
+    pos[perm] = arange - group_start
+    return rank, pos
+
+
+def _group_by_runs(keys: Tensor) -> tuple[Tensor, Tensor]:
+    """``(rank, pos)`` like :func:`_group_by_sort`, but O(N) plus a sort of the runs only.
+
+    Collector data comes in runs of equal ids (one env's steps of one episode), so scanning
+    for runs and sorting the few run ids is far cheaper on CPU than sorting every step.
+    """
+    n = keys.numel()
+    run_start = torch.zeros(1, dtype=torch.int64, device=keys.device)
+    run_start = torch.cat([run_start, (keys[1:] != keys[:-1]).nonzero().squeeze(1) + 1])
+    n_runs = run_start.numel()
+    run_len = torch.diff(run_start, append=run_start.new_full((1,), n))
+    run_of_step = torch.repeat_interleave(torch.arange(n_runs, device=keys.device), run_len)
+    step_in_run = torch.arange(n, device=keys.device) - run_start[run_of_step]
+    run_keys = keys[run_start]
+    if torch.unique(run_keys).numel() == n_runs:  # every id is one run: rows are the runs
+        return run_of_step, step_in_run
+    # Ids that come back after another id (non-adjacent repeats): merge their runs.
+    run_rank, run_pos = _group_by_sort(run_keys)
+    # Offset of each run within its group: lengths of the group's earlier runs.
+    order = torch.argsort(run_rank * n_runs + run_pos)  # runs grouped, in time order
+    sorted_len = run_len[order]
+    before = torch.cumsum(sorted_len, 0) - sorted_len
+    group_first = torch.zeros_like(before)
+    group_first[1:] = run_rank[order][1:] != run_rank[order][:-1]
+    group_first[0] = 1
+    start_of_group = torch.where(group_first.bool(), before, 0).cummax(0).values
+    run_offset = torch.empty_like(before)
+    run_offset[order] = before - start_of_group
+    return run_rank[run_of_step], run_offset[run_of_step] + step_in_run
+
+
+def _group(keys: Tensor) -> tuple[Tensor, Tensor]:
+    if keys.device.type == "cpu":
+        return _group_by_runs(keys)
+    return _group_by_sort(keys)
 
 
 def index_by_id(ids: Tensor) -> TrajectoryIndex:
     """Group steps by trajectory id; rows in order of each id's first appearance.
 
     Ids that repeat non-adjacently (``[0, 0, 1, 1, 0]``) are grouped into one row, in the
-    order the steps appear.
+    order the steps appear. On CPU this scans for runs of equal ids (O(N)) and sorts only the
+    run ids; on an accelerator it sorts all steps and synchronises with the host once, for
+    the output size.
 
     Examples:
         >>> ix = index_by_id(torch.tensor([7, 7, 3, 7, 3]))
         >>> ix.row.tolist(), ix.pos.tolist(), ix.lengths.tolist(), ix.max_len
         ([0, 0, 1, 0, 1], [0, 1, 0, 2, 1], [3, 2], 3)
     """
-    n = ids.numel()
-    if n == 0:
+    if ids.numel() == 0:
         empty = ids.new_zeros(0, dtype=torch.int64)
         return TrajectoryIndex(empty, empty, empty, 0)
-    perm, pos_sorted, group_start = _group_positions(ids)
-    # The first step of each group (stable sort: its earliest step) decides the row order.
-    first_of_group = perm[group_start]
-    is_first = torch.zeros(n, dtype=torch.bool, device=ids.device)
-    is_first[first_of_group] = True
-    rank = torch.cumsum(is_first, 0) - 1
-    row = torch.empty_like(perm)
-    row[perm] = rank[first_of_group]
-    pos = torch.empty_like(perm)
-    pos[perm] = pos_sorted
-    n_rows, max_len = torch.stack([rank[-1] + 1, pos_sorted.max() + 1]).tolist()  # the one sync
-    lengths = torch.bincount(row, minlength=n_rows)
-    return TrajectoryIndex(row, pos, lengths, max_len)
+    row, pos = _group(ids)
+    n_rows, max_len = torch.stack([row.max() + 1, pos.max() + 1]).tolist()  # the one sync
+    return TrajectoryIndex(row, pos, torch.bincount(row, minlength=n_rows), max_len)
 
 
 def index_by_row(row: Tensor, n_rows: int) -> TrajectoryIndex:
@@ -118,9 +149,7 @@ def index_by_row(row: Tensor, n_rows: int) -> TrajectoryIndex:
     if row.numel() == 0:
         empty = row.new_zeros(0, dtype=torch.int64)
         return TrajectoryIndex(empty, empty, row.new_zeros(n_rows, dtype=torch.int64), 0)
-    perm, pos_sorted, _ = _group_positions(row)
-    pos = torch.empty_like(perm)
-    pos[perm] = pos_sorted
+    _, pos = _group(row)
     lengths = torch.bincount(row, minlength=n_rows)
     return TrajectoryIndex(row, pos, lengths, int(lengths.max()))
 

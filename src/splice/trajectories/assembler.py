@@ -340,11 +340,13 @@ class TrajectoryAssembler:
         if self._pool is None:
             return TensorDict({}, batch_size=[0, 0] if traj_format == "padded" else [0])
         if traj_format == "cat":
-            steps = steps[index.cat_order()]
-            index = index_by_row(torch.repeat_interleave(index.lengths), index.n_rows)
+            steps = steps[index.cat_order()]  # trajectory after trajectory
         flat = map_leaves(self._pool, lambda _, x: x.index_select(0, steps), [steps.numel()])
         if mark_cut:
-            last = index.pos == index.lengths[index.row] - 1
+            if traj_format == "cat":
+                last = index.offsets()[1:] - 1
+            else:
+                last = index.pos == index.lengths[index.row] - 1
             flat.get(self.cut_key)[last] = True
         self._alive[steps] = False
         self._n_dead += steps.numel()
