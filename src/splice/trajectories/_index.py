@@ -87,11 +87,14 @@ def _group_by_runs(keys: Tensor) -> tuple[Tensor, Tensor]:
     for runs and sorting the few run ids is far cheaper on CPU than sorting every step.
     """
     n = keys.numel()
-    run_start = torch.zeros(1, dtype=torch.int64, device=keys.device)
-    run_start = torch.cat([run_start, (keys[1:] != keys[:-1]).nonzero().squeeze(1) + 1])
+    starts_run = torch.ones(n, dtype=torch.bool, device=keys.device)
+    torch.ne(keys[1:], keys[:-1], out=starts_run[1:])
+    run_start = starts_run.nonzero().squeeze(1)
     n_runs = run_start.numel()
     run_len = torch.diff(run_start, append=run_start.new_full((1,), n))
-    run_of_step = torch.repeat_interleave(torch.arange(n_runs, device=keys.device), run_len)
+    # cumsum rather than repeat_interleave: the latter wakes the intra-op thread pool even for
+    # a handful of elements, which costs milliseconds on a busy machine.
+    run_of_step = torch.cumsum(starts_run, 0) - 1
     step_in_run = torch.arange(n, device=keys.device) - run_start[run_of_step]
     run_keys = keys[run_start]
     if torch.unique(run_keys).numel() == n_runs:  # every id is one run: rows are the runs
