@@ -176,8 +176,12 @@ class PolicyRunner:
         ...     td["action"] = (td["observation"][..., 0] > 0).long()
         ...     return td
         >>> runner = PolicyRunner(
-        ...     policy, observation_leaves(spaces.Box(-1, 1, (3,))), action_leaf(spaces.Discrete(2)),
-        ...     num_envs=2, batched=True, allocate=allocate,
+        ...     policy,
+        ...     observation_leaves(spaces.Box(-1, 1, (3,))),
+        ...     action_leaf(spaces.Discrete(2)),
+        ...     num_envs=2,
+        ...     batched=True,
+        ...     allocate=allocate,
         ... )
         >>> obs = np.array([[0.5, 0, 0], [-0.5, 0, 0]], np.float32)
         >>> runner.step([obs], np.array([True, True]), 0)
@@ -206,11 +210,14 @@ class PolicyRunner:
         if self.device is not None and self.device.type == "cpu":
             self.device = None
         self._obs_keys: list[Key] = [("observation", *leaf.key) for leaf in obs_leaves]
-        self._obs_bufs = [np.zeros((*self.batch_shape, *leaf.shape), leaf.dtype) for leaf in obs_leaves]
+        self._obs_bufs = [
+            np.zeros((*self.batch_shape, *leaf.shape), leaf.dtype) for leaf in obs_leaves
+        ]
         self._init_buf = np.zeros((*self.batch_shape, 1), np.bool_)
         self._init_flat = self._init_buf.reshape(-1)
         entries: dict[NestedKey, torch.Tensor] = {
-            key: torch.from_numpy(buf) for key, buf in zip(self._obs_keys, self._obs_bufs, strict=True)
+            key: torch.from_numpy(buf)
+            for key, buf in zip(self._obs_keys, self._obs_bufs, strict=True)
         }
         entries[IS_INIT] = torch.from_numpy(self._init_buf)
         self.step_td = TensorDict(entries, batch_size=self.batch_shape)
@@ -291,7 +298,9 @@ class PolicyRunner:
     def _check_action(self, action: torch.Tensor) -> None:
         leaf = self.action_leaf
         expected = (*self.batch_shape, *leaf.shape)
-        if tuple(action.shape) != expected or not check_action_dtype(leaf, _numpy_dtype((ACTION,), action.dtype)):
+        if tuple(action.shape) != expected or not check_action_dtype(
+            leaf, _numpy_dtype((ACTION,), action.dtype)
+        ):
             raise PolicyError(
                 f"policy output 'action' has dtype {action.dtype} and shape {list(action.shape)}; "
                 f"the action space {leaf.space!r} needs shape {list(expected)} and a "
@@ -342,7 +351,9 @@ class PolicyRunner:
             self._check_pending = False
             action_t = out.get(ACTION, None)
             if action_t is None:
-                raise PolicyError("the policy returned no 'action' entry; it must write td['action']")
+                raise PolicyError(
+                    "the policy returned no 'action' entry; it must write td['action']"
+                )
             self._check_action(action_t)
         if self.device is not None:
             out = out.to("cpu")
@@ -353,7 +364,9 @@ class PolicyRunner:
             stage[c] = out.get(key).numpy()
         if self.state_keys:
             nxt = out.get(NEXT)
-            for key, buf, stage in zip(self.state_keys, self._state_bufs, self._next_state_stage, strict=True):
+            for key, buf, stage in zip(
+                self.state_keys, self._state_bufs, self._next_state_stage, strict=True
+            ):
                 value = nxt.get(key).numpy()
                 stage[c] = value
                 np.copyto(buf, value)

@@ -53,7 +53,9 @@ class ProgressBar:
         """Count ``frames`` more frames and the episodes that ended with ``returns``."""
         self.episodes += int(returns.size)
         self._recent.extend(float(r) for r in returns)
-        self.bar.set_postfix(episodes=self.episodes, mean_return=f"{self.mean_return:.4g}", refresh=False)
+        self.bar.set_postfix(
+            episodes=self.episodes, mean_return=f"{self.mean_return:.4g}", refresh=False
+        )
         self.bar.update(frames)
 
     def close(self) -> None:

@@ -98,7 +98,9 @@ class Collector:
         >>> import gymnasium as gym
         >>> from splice import Collector
         >>> env = gym.make_vec("CartPole-v1", num_envs=4, vectorization_mode="sync")
-        >>> with Collector(env, frames_per_batch=200, total_frames=400, seed=0, worker_id=3) as collector:
+        >>> with Collector(
+        ...     env, frames_per_batch=200, total_frames=400, seed=0, worker_id=3
+        ... ) as collector:
         ...     batches = list(collector)
         >>> len(batches), batches[0].batch_size
         (2, torch.Size([4, 50]))
@@ -107,7 +109,9 @@ class Collector:
 
         Whole episodes:
 
-        >>> collector = Collector("CartPole-v1", num_envs=4, frames_per_batch=200, trajs_per_batch=3, seed=0)
+        >>> collector = Collector(
+        ...     "CartPole-v1", num_envs=4, frames_per_batch=200, trajs_per_batch=3, seed=0
+        ... )
         >>> episodes = next(iter(collector))
         >>> episodes.batch_size[0], bool(episodes["is_init"][:, 0].all())
         (3, True)
@@ -142,18 +146,30 @@ class Collector:
         _positive_int("frames_per_batch", frames_per_batch)
         if total_frames is None:
             total_frames = -1
-        if isinstance(total_frames, bool) or not isinstance(total_frames, int) or (
-            total_frames < 1 and total_frames != -1
+        if (
+            isinstance(total_frames, bool)
+            or not isinstance(total_frames, int)
+            or (total_frames < 1 and total_frames != -1)
         ):
-            raise ValueError(f"total_frames must be a positive int, or -1/None for no limit; got {total_frames!r}")
+            raise ValueError(
+                "total_frames must be a positive int, or -1/None for no limit; "
+                f"got {total_frames!r}"
+            )
         if init_random_frames is not None and (
-            isinstance(init_random_frames, bool) or not isinstance(init_random_frames, int) or init_random_frames < 0
+            isinstance(init_random_frames, bool)
+            or not isinstance(init_random_frames, int)
+            or init_random_frames < 0
         ):
-            raise ValueError(f"init_random_frames must be a non-negative int or None, got {init_random_frames!r}")
+            raise ValueError(
+                f"init_random_frames must be a non-negative int or None, got {init_random_frames!r}"
+            )
         if trajs_per_batch is not None:
             _positive_int("trajs_per_batch", trajs_per_batch)
             if split_trajs:
-                raise ValueError("split_trajs and trajs_per_batch are exclusive: trajs_per_batch already yields one episode per row")
+                raise ValueError(
+                    "split_trajs and trajs_per_batch are exclusive: trajs_per_batch already "
+                    "yields one episode per row"
+                )
             if reset_at_each_iter:
                 raise ValueError(
                     "reset_at_each_iter cannot be combined with trajs_per_batch: episodes longer "
@@ -161,13 +177,20 @@ class Collector:
                 )
         if traj_format is not None:
             if trajs_per_batch is None:
-                raise ValueError("traj_format only applies with trajs_per_batch; set trajs_per_batch=N")
+                raise ValueError(
+                    "traj_format only applies with trajs_per_batch; set trajs_per_batch=N"
+                )
             if traj_format not in ("padded", "cat"):
                 raise ValueError(f"traj_format must be 'padded' or 'cat', got {traj_format!r}")
         if replay_buffer is not None and not callable(getattr(replay_buffer, "extend", None)):
-            raise TypeError(f"replay_buffer must have an extend(batch) method; got {type(replay_buffer).__name__}")
+            raise TypeError(
+                "replay_buffer must have an extend(batch) method; "
+                f"got {type(replay_buffer).__name__}"
+            )
         if policy is not None and not callable(policy):
-            raise TypeError(f"policy must be a callable td -> td or None, got {type(policy).__name__}")
+            raise TypeError(
+                f"policy must be a callable td -> td or None, got {type(policy).__name__}"
+            )
         if progress:
             require_tqdm()
 
@@ -245,7 +268,9 @@ class Collector:
     def __iter__(self) -> Iterator[TensorDictBase]:
         """Yield batches until ``total_frames`` (see the class docstring)."""
         if self._runner is not None and self._runner.alive:
-            raise RuntimeError("the collector is collecting in the background (start()); shut it down first")
+            raise RuntimeError(
+                "the collector is collecting in the background (start()); shut it down first"
+            )
         return self._iterate()
 
     def _budget_left(self) -> bool:
@@ -338,7 +363,11 @@ class Collector:
             TypeError: weights given but the collector's policy is not an ``nn.Module``, or an
                 unsupported weights object.
         """
-        new = policy_or_weights if policy_or_weights is not None else (weights if weights is not None else policy)
+        new = (
+            policy_or_weights
+            if policy_or_weights is not None
+            else (weights if weights is not None else policy)
+        )
         if new is None:
             if self._runner is not None:
                 self._runner.check()
@@ -351,7 +380,10 @@ class Collector:
         if isinstance(new, torch.nn.Module):
             new = new.state_dict()
         if not isinstance(new, Mapping | TensorDictBase):
-            raise TypeError(f"weights must be an nn.Module, a state_dict or a TensorDict, got {type(new).__name__}")
+            raise TypeError(
+                "weights must be an nn.Module, a state_dict or a TensorDict, "
+                f"got {type(new).__name__}"
+            )
         if self._runner is not None and self._runner.alive:
             self._runner.check()
             with self._weights_lock:
@@ -498,7 +530,9 @@ class Collector:
             RuntimeError: while collecting in the background.
         """
         if self.running:
-            raise RuntimeError("load_state_dict() while collecting in the background; shut down first")
+            raise RuntimeError(
+                "load_state_dict() while collecting in the background; shut down first"
+            )
         self.ids.load_state_dict(state["ids"])
         self._frames = int(state.get("frames", 0))
         self._batches = int(state.get("batches", 0))
@@ -532,7 +566,10 @@ def _cat_rows(parts: list[TensorDictBase], traj_format: TrajFormat) -> TensorDic
     for p in parts:
         extra = width - p.batch_size[1]
         if extra:
-            pad = p.apply(lambda x: torch.zeros((x.shape[0], extra, *x.shape[2:]), dtype=x.dtype), batch_size=[p.batch_size[0], extra])
+            pad = p.apply(
+                lambda x, n=extra: torch.zeros((x.shape[0], n, *x.shape[2:]), dtype=x.dtype),
+                batch_size=[p.batch_size[0], extra],
+            )
             pad.set(TRAJ_IDS, torch.full((p.batch_size[0], extra), PADDING_ID, dtype=torch.int64))
             pad.set(MASK, torch.zeros((p.batch_size[0], extra), dtype=torch.bool))
             p = torch.cat([p, pad], 1)

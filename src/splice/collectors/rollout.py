@@ -29,7 +29,8 @@ Examples:
     >>> from splice.collectors.rollout import RolloutLoop
     >>> from splice.envs import make_adapter
     >>> env = gym.make_vec("CartPole-v1", num_envs=4, vectorization_mode="sync")
-    >>> loop = RolloutLoop(make_adapter(env), None, steps=50, ids=TrajectoryIds(worker_id=7), seed=0)
+    >>> ids = TrajectoryIds(worker_id=7)
+    >>> loop = RolloutLoop(make_adapter(env), None, steps=50, ids=ids, seed=0)
     >>> batch = loop.collect()
     >>> batch.batch_size
     torch.Size([4, 50])
@@ -123,11 +124,14 @@ class RolloutLoop:
             raise ValueError(f"steps must be >= 1, got {steps}")
         if max_frames_per_traj is not None:
             if isinstance(max_frames_per_traj, bool) or max_frames_per_traj < 1:
-                raise ValueError(f"max_frames_per_traj must be a positive int, got {max_frames_per_traj!r}")
+                raise ValueError(
+                    f"max_frames_per_traj must be a positive int, got {max_frames_per_traj!r}"
+                )
             if not adapter.supports_partial_reset:
                 raise ValueError(
                     f"max_frames_per_traj needs an env that can reset a subset of its envs; "
-                    f"{type(adapter.env).__name__} (autoreset mode {adapter.autoreset_mode}) cannot. "
+                    f"{type(adapter.env).__name__} (autoreset mode {adapter.autoreset_mode}) "
+                    "cannot. "
                     "Use the env's own time limit (e.g. max_episode_steps=...) instead"
                 )
         self.adapter = adapter
@@ -156,6 +160,7 @@ class RolloutLoop:
         act = adapter.act_leaf
         self._allocate((ACTION,), act.shape, act.dtype)
         self._valid = np.ones((self._capacity, b), np.bool_)
+        self.adapter = adapter
         self._bind_adapter()
         self.runner: PolicyRunner | None = None
         if policy is not None:
@@ -188,19 +193,24 @@ class RolloutLoop:
                     f"key {key!r} is written twice with different layouts: "
                     f"{list(existing.shape[2:])} {existing.dtype} vs {list(shape)} {dtype}"
                 )
-            return existing
+            return self._view(existing)
         arr = np.zeros((self._capacity, self._b, *shape), dtype)
         self._arrays[key] = arr
-        return arr
+        return self._view(arr)
+
+    def _view(self, arr: np.ndarray) -> np.ndarray:
+        # A single env writes through [C, ...] views of its [C, 1, ...] staging: a scalar
+        # write into a 1-D view is ~8x cheaper than a broadcast into a [1] row.
+        return arr if self.adapter.batched else arr[:, 0]
 
     def _bind_adapter(self) -> None:
-        a = self._arrays
+        a, v = self._arrays, self._view
         self.adapter.bind(
             Staging(
-                next_obs=[a[k] for k in self._next_obs_keys],
-                reward=a[REWARD],
-                terminated=a[TERMINATED],
-                truncated=a[TRUNCATED],
+                next_obs=[v(a[k]) for k in self._next_obs_keys],
+                reward=v(a[REWARD]),
+                terminated=v(a[TERMINATED]),
+                truncated=v(a[TRUNCATED]),
             )
         )
 
@@ -217,7 +227,7 @@ class RolloutLoop:
         self._capacity = capacity
         self._bind_adapter()
         if self.runner is not None and self.runner.discovered:
-            self.runner.rebind(self._arrays)
+            self.runner.rebind({k: self._view(a) for k, a in self._arrays.items()})
 
     # -------------------------------------------------------------------- state
     @property
@@ -297,7 +307,7 @@ class RolloutLoop:
             with torch.no_grad():
                 runner.step(self.adapter.obs, self._init_now, self._c)
             runner.reset_state()
-        for key, arr in self._policy_arrays(runner):
+        for _, arr in self._policy_arrays(runner):
             arr[self._c :] = 0
 
     def _policy_arrays(self, runner: PolicyRunner) -> list[tuple[Key, np.ndarray]]:
@@ -319,29 +329,35 @@ class RolloutLoop:
         ep_len = self._ep_len
         no_init = self._no_init
         init_now = self._init_now
-        sample = adapter.sample_actions
+        sample = adapter.action_sampler()
         env_step = adapter.step
         env_action = adapter.env_action
         obs_keys = self._obs_keys
         single_obs = len(obs_keys) == 1
 
-        def bind_locals() -> tuple[list[np.ndarray], np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-            a = self._arrays
+        def bind_locals() -> tuple[
+            list[np.ndarray], np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray
+        ]:
+            a, v = self._arrays, self._view
             return (
-                [a[k] for k in obs_keys],
-                a[obs_keys[0]],
-                a[(IS_INIT,)],
-                a[(ACTION,)],
+                [v(a[k]) for k in obs_keys],
+                v(a[obs_keys[0]]),
+                a[(IS_INIT,)],  # [C, B] even for one env: init masks are [B] arrays
+                v(a[(ACTION,)]),
                 self._valid,
-                a[TERMINATED],
-                a[TRUNCATED],
+                v(a[TERMINATED]),
+                v(a[TRUNCATED]),
             )
 
-        obs_stage, obs_stage0, init_stage, action_stage, valid, term_stage, trunc_stage = bind_locals()
+        obs_stage, obs_stage0, init_stage, action_stage, valid, term_stage, trunc_stage = (
+            bind_locals()
+        )
         while c < target:
             if c == self._capacity:
                 self._grow(c)
-                obs_stage, obs_stage0, init_stage, action_stage, valid, term_stage, trunc_stage = bind_locals()
+                obs_stage, obs_stage0, init_stage, action_stage, valid, term_stage, trunc_stage = (
+                    bind_locals()
+                )
             obs = adapter.obs
             init_stage[c] = init_now
             if single_obs:
@@ -383,7 +399,10 @@ class RolloutLoop:
             hit &= ~restarted
         if not np.count_nonzero(hit):
             return restarted
-        trunc_stage[c, hit] = True
+        if self.adapter.batched:
+            trunc_stage[c][hit] = True
+        else:
+            trunc_stage[c] = True
         self.adapter.reset_envs(hit)
         return hit if restarted is None else (restarted | hit)
 
@@ -419,7 +438,7 @@ class RolloutLoop:
                 a[:width] = a[src, cols]
             self._valid[:width] = front_valid
         self._valid[width:c] = True
-        self._holes = width - n_surplus
+        self._holes = (width - n_surplus).astype(np.int64)
         self._c = width
         return out
 
@@ -476,10 +495,14 @@ class RolloutLoop:
             batch = batch.to(self.storing_device)
         return batch
 
-    def _episode_stats(self, reward: np.ndarray, start: np.ndarray, ended: np.ndarray, cut: np.ndarray) -> None:
+    def _episode_stats(
+        self, reward: np.ndarray, start: np.ndarray, ended: np.ndarray, cut: np.ndarray
+    ) -> None:
         steps = self.steps
         csum = np.cumsum(reward, axis=1, dtype=np.float64)
-        before = np.where(start > 0, np.take_along_axis(csum, np.maximum(start - 1, 0), axis=1), 0.0)
+        before = np.where(
+            start > 0, np.take_along_axis(csum, np.maximum(start - 1, 0), axis=1), 0.0
+        )
         seg_return = csum - before
         seg_length = np.arange(1, steps + 1)[None, :] - np.maximum(start, 0)
         continuing = start < 0

@@ -56,7 +56,7 @@ class EnvError(ValueError):
 
 @dataclass
 class Staging:
-    """The env-side staging arrays, time-major ``[C, B, ...]``.
+    """The env-side staging arrays, time-major ``[C, B, ...]`` (``[C, ...]`` views for one env).
 
     Args:
         next_obs: one array per observation leaf.
@@ -152,7 +152,11 @@ class EnvAdapter(ABC):
     def _check_step(self, obs: Any, reward: Any, terminated: Any, truncated: Any) -> None:
         self._check_obs(obs, "step()")
         lead = (self.num_envs,) if self.batched else ()
-        for name, value in (("reward", reward), ("terminated", terminated), ("truncated", truncated)):
+        for name, value in (
+            ("reward", reward),
+            ("terminated", terminated),
+            ("truncated", truncated),
+        ):
             shape = tuple(np.shape(value))
             if shape != lead:
                 raise EnvError(
@@ -180,11 +184,15 @@ class EnvAdapter(ABC):
 
     @abstractmethod
     def reset_envs(self, mask: np.ndarray) -> None:
-        """Reset the envs where ``mask`` is True (not done by the env itself); update :attr:`obs`."""
+        """Reset the envs where ``mask`` is True (the env did not end them); update :attr:`obs`."""
 
     @abstractmethod
     def sample_actions(self) -> Any:
         """Uniform random actions for all envs, from the action space."""
+
+    def action_sampler(self) -> Any:
+        """:meth:`sample_actions` as a bare callable (one call level less in the hot loop)."""
+        return self.sample_actions
 
     @abstractmethod
     def seed_actions(self, seed: int | None) -> None:

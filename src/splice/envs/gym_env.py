@@ -81,6 +81,9 @@ class GymEnvAdapter(EnvAdapter):
     def sample_actions(self) -> Any:
         return self._sample()
 
+    def action_sampler(self) -> Any:
+        return self._sample
+
     def seed_actions(self, seed: int | None) -> None:
         self.single_action_space.seed(seed)
 

@@ -110,6 +110,9 @@ class GymVectorAdapter(EnvAdapter):
     def sample_actions(self) -> Any:
         return self._sample()
 
+    def action_sampler(self) -> Any:
+        return self._sample
+
     def seed_actions(self, seed: int | None) -> None:
         self._action_space.seed(seed)
 

@@ -13,10 +13,10 @@ Examples:
     ...     pos=spaces.Box(-1, 1, (2,), np.float32), flag=spaces.Discrete(3)
     ... )
     >>> [(leaf.key, leaf.shape, leaf.dtype.name) for leaf in observation_leaves(space)]
-    [(('flag',), (), 'int64'), (('pos',), (2,), 'float32')]
+    [(('pos',), (2,), 'float32'), (('flag',), (), 'int64')]
     >>> flat = flattener(space)
     >>> flat({"pos": np.zeros(2, np.float32), "flag": 1})
-    [1, array([0., 0.], dtype=float32)]
+    [array([0., 0.], dtype=float32), 1]
 """
 
 from __future__ import annotations
@@ -72,9 +72,17 @@ def observation_leaves(space: spaces.Space[Any], key: tuple[str, ...] = ()) -> l
     if isinstance(space, _SIMPLE):
         return [_simple_leaf(space, key)]
     if isinstance(space, spaces.Dict):
-        return [leaf for k, sub in space.spaces.items() for leaf in observation_leaves(sub, (*key, str(k)))]
+        return [
+            leaf
+            for k, sub in space.spaces.items()
+            for leaf in observation_leaves(sub, (*key, str(k)))
+        ]
     if isinstance(space, spaces.Tuple):
-        return [leaf for i, sub in enumerate(space.spaces) for leaf in observation_leaves(sub, (*key, str(i)))]
+        return [
+            leaf
+            for i, sub in enumerate(space.spaces)
+            for leaf in observation_leaves(sub, (*key, str(i)))
+        ]
     where = f" at key {key!r}" if key else ""
     raise TypeError(
         f"observation space {space!r}{where} is not supported: use Box, Discrete, MultiDiscrete, "
@@ -123,8 +131,10 @@ def check_action_dtype(leaf: Leaf, dtype: np.dtype) -> bool:
         >>> import numpy as np
         >>> from gymnasium import spaces
         >>> leaf = action_leaf(spaces.Discrete(2))
-        >>> check_action_dtype(leaf, np.dtype(np.int64)), check_action_dtype(leaf, np.dtype(np.float32))
-        (True, False)
+        >>> check_action_dtype(leaf, np.dtype(np.int64))
+        True
+        >>> check_action_dtype(leaf, np.dtype(np.float32))
+        False
     """
     kind = np.dtype(dtype).kind
     if isinstance(leaf.space, spaces.MultiBinary):
