@@ -419,8 +419,8 @@ class RolloutLoop:
         valid = self._valid[:c]
         count = np.cumsum(valid, axis=0)
         rows = np.arange(b)[:, None]
-        _, t_take = np.nonzero((valid & (count <= steps)).T)  # row-major: row b, then time
-        t_take = t_take.reshape(b, steps)
+        # The first T valid columns of each row, row-major (row b, then time).
+        t_take = np.nonzero((valid & (count <= steps)).T)[1].reshape(b, steps)
         out = {k: a[t_take, rows] for k, a in arrays.items()}
         surplus = valid & (count > steps)
         n_surplus = surplus.sum(axis=0)
