@@ -413,7 +413,9 @@ class RolloutLoop:
         steps, b = self.steps, self._b
         arrays = self._arrays
         if c == steps and not self._holes.any():
-            out = {k: np.ascontiguousarray(a[:steps].swapaxes(0, 1)) for k, a in arrays.items()}
+            # .copy(), not ascontiguousarray: for B = 1 the swapped view is already contiguous
+            # and would alias staging that the next batch overwrites.
+            out = {k: a[:steps].swapaxes(0, 1).copy() for k, a in arrays.items()}
             self._c = 0
             return out
         valid = self._valid[:c]
