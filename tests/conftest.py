@@ -23,7 +23,7 @@ class CountingEnv(gym.Env):
     The reward is the action, so data from two runs can be compared step by step.
     """
 
-    metadata: dict[str, Any] = {}
+    metadata: dict[str, Any] = {}  # noqa: RUF012
 
     def __init__(self, length: int = 5, tag: int = 0, trunc: int | None = None) -> None:
         self.length, self.tag, self.trunc = length, tag, trunc

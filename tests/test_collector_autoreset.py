@@ -17,7 +17,11 @@ MODES = [AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP, AutoresetMode.DISABLE
 
 def _cartpole_vec(mode: AutoresetMode, n: int = 4, **kw) -> gym.vector.VectorEnv:
     return gym.make_vec(
-        "CartPole-v1", num_envs=n, vectorization_mode="sync", vector_kwargs={"autoreset_mode": mode}, **kw
+        "CartPole-v1",
+        num_envs=n,
+        vectorization_mode="sync",
+        vector_kwargs={"autoreset_mode": mode},
+        **kw,
     )
 
 
@@ -42,7 +46,9 @@ def test_three_modes_identical_cartpole(extra):
 
 def test_three_modes_identical_async_counting():
     ref = _collect(counting_vec([1, 2, 3, 5]), worker_id=51)
-    out = _collect(counting_vec([1, 2, 3, 5], AutoresetMode.SAME_STEP, asynchronous=True), worker_id=51)
+    out = _collect(
+        counting_vec([1, 2, 3, 5], AutoresetMode.SAME_STEP, asynchronous=True), worker_id=51
+    )
     for a, b in zip(ref, out, strict=True):
         assert (a == b).all()
 
@@ -120,4 +126,6 @@ def test_truncation_is_not_termination():
     trunc = data["next", "truncated"].squeeze(-1)
     term = data["next", "terminated"].squeeze(-1)
     assert int(trunc.sum()) > 0 and int(term.sum()) == 0
-    assert torch.equal(data["next", "observation"][..., 1][trunc], torch.full((int(trunc.sum()),), 4.0))
+    assert torch.equal(
+        data["next", "observation"][..., 1][trunc], torch.full((int(trunc.sum()),), 4.0)
+    )

@@ -16,7 +16,9 @@ def _episode_ids(batches) -> list[torch.Tensor]:
 
 
 def test_ids_unique_across_envs_and_batches_and_continue_across_cuts():
-    with Collector(counting_vec([1, 3, 4, 7]), frames_per_batch=40, total_frames=400, worker_id=60) as c:
+    with Collector(
+        counting_vec([1, 3, 4, 7]), frames_per_batch=40, total_frames=400, worker_id=60
+    ) as c:
         batches = list(c)
     started = torch.cat(_episode_ids(batches))
     assert started.unique().numel() == started.numel()  # every episode got its own id

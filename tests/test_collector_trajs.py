@@ -17,7 +17,11 @@ def _rows(batch, fmt):
         return [row[row[MASK]] for row in batch]
     ids = batch[TRAJ_IDS]
     bounds = (torch.nonzero(ids[1:] != ids[:-1]).flatten() + 1).tolist()
-    return list(torch.split(batch, [b - a for a, b in zip([0, *bounds], [*bounds, ids.numel()], strict=True)]))
+    return list(
+        torch.split(
+            batch, [b - a for a, b in zip([0, *bounds], [*bounds, ids.numel()], strict=True)]
+        )
+    )
 
 
 def _check_complete(episode, lengths):
@@ -70,7 +74,11 @@ def test_trajs_per_batch_yields_complete_episodes(fmt, set_truncated):
 
 def test_drop_incomplete_drops_only_in_flight_episodes():
     c = Collector(
-        counting_vec([3, 60]), frames_per_batch=20, total_frames=100, trajs_per_batch=5, drop_incomplete=True
+        counting_vec([3, 60]),
+        frames_per_batch=20,
+        total_frames=100,
+        trajs_per_batch=5,
+        drop_incomplete=True,
     )
     out = list(c)
     frames = sum(int(b[MASK].sum()) for b in out)
@@ -99,7 +107,9 @@ def test_len_undefined_when_endless():
 
 def test_cut_and_set_truncated_marks():
     plain = Collector(counting_vec([100]), frames_per_batch=10, total_frames=20, worker_id=71)
-    marked = Collector(counting_vec([100]), frames_per_batch=10, total_frames=20, set_truncated=True, worker_id=72)
+    marked = Collector(
+        counting_vec([100]), frames_per_batch=10, total_frames=20, set_truncated=True, worker_id=72
+    )
     for a, b in zip(plain, marked, strict=True):
         assert bool(a[CUT][0, -1]) and not bool(a[CUT][0, :-1].any())
         assert not bool(a[DONE][0, -1]) and not bool(a[TRUNCATED][0, -1])
@@ -120,7 +130,9 @@ def test_split_trajs():
 
 
 def test_max_frames_per_traj_truncates_with_new_id():
-    c = Collector(counting_vec([100, 100]), frames_per_batch=20, total_frames=40, max_frames_per_traj=4)
+    c = Collector(
+        counting_vec([100, 100]), frames_per_batch=20, total_frames=40, max_frames_per_traj=4
+    )
     data = torch.cat(list(c), 1)
     trunc = data[TRUNCATED].squeeze(-1)
     assert torch.equal(trunc[:, 3::4], torch.ones(2, 5, dtype=torch.bool))
