@@ -409,40 +409,50 @@ class RolloutLoop:
     # ----------------------------------------------------------------- finalize
     def _take(self, c: int) -> dict[Key, np.ndarray]:
         """Copy the first ``T`` valid steps of every env row out of staging, ``[B, T, ...]``;
-        move the surplus to the front of staging for the next batch."""
+        move the surplus to the front of staging for the next batch.
+
+        Gathers use ``np.take`` on the ``[C * B, ...]`` view of each staging array with one
+        flat index (several times faster than 2-D fancy indexing or a transposed copy)."""
         steps, b = self.steps, self._b
         arrays = self._arrays
-        if c == steps and not self._holes.any():
-            # .copy(), not ascontiguousarray: for B = 1 the swapped view is already contiguous
-            # and would alias staging that the next batch overwrites.
+        if not self.adapter.batched:  # one env, never any dead step
             out = {k: a[:steps].swapaxes(0, 1).copy() for k, a in arrays.items()}
             self._c = 0
             return out
-        valid = self._valid[:c]
-        count = np.cumsum(valid, axis=0)
-        rows = np.arange(b)[:, None]
-        # The first T valid columns of each row, row-major (row b, then time).
-        t_take = np.nonzero((valid & (count <= steps)).T)[1].reshape(b, steps)
-        out = {k: a[t_take, rows] for k, a in arrays.items()}
-        surplus = valid & (count > steps)
-        n_surplus = surplus.sum(axis=0)
+        if c == steps and not self._holes.any():
+            flat = (np.arange(steps)[None, :] * b + np.arange(b)[:, None]).ravel()
+            self._c = 0
+            return {k: self._gather(a, flat, (b, steps)) for k, a in arrays.items()}
+        # env-major copy of the validity mask, so the running count is contiguous per row
+        valid = np.ascontiguousarray(self._valid[:c].T)  # [B, c]
+        count = np.cumsum(valid.view(np.int8), axis=1, dtype=np.int16 if c < 2**15 else np.int64)
+        taken = np.flatnonzero(valid & (count <= steps))  # b * c + t, row-major
+        flat = (taken % c) * b + taken // c
+        out = {k: self._gather(a, flat, (b, steps)) for k, a in arrays.items()}
+        n_surplus = count[:, -1].astype(np.int64) - steps
         width = int(n_surplus.max())
         if width:
-            b_s, t_s = np.nonzero(surplus.T)
+            extra = np.flatnonzero(valid & (count > steps))
+            b_s, t_s = extra // c, extra % c
             first = np.cumsum(n_surplus) - n_surplus
-            rank = np.arange(b_s.size) - np.repeat(first, n_surplus)
-            src = np.zeros((width, b), np.int64)
-            src[rank, b_s] = t_s
+            rank = np.arange(extra.size) - np.repeat(first, n_surplus)
+            src = np.tile(np.arange(b), width).reshape(width, b)  # filler: column 0, invalid
+            src[rank, b_s] = t_s * b + b_s
             front_valid = np.zeros((width, b), np.bool_)
             front_valid[rank, b_s] = True
-            cols = np.arange(b)[None, :]
+            src_flat = src.ravel()
             for a in arrays.values():
-                a[:width] = a[src, cols]
+                a[:width] = self._gather(a, src_flat, (width, b))
             self._valid[:width] = front_valid
         self._valid[width:c] = True
         self._holes = (width - n_surplus).astype(np.int64)
         self._c = width
         return out
+
+    @staticmethod
+    def _gather(a: np.ndarray, flat: np.ndarray, shape: tuple[int, int]) -> np.ndarray:
+        rows = a.reshape(a.shape[0] * a.shape[1], *a.shape[2:])
+        return np.take(rows, flat, axis=0).reshape(*shape, *a.shape[2:])
 
     def _finalize(self, *, random_batch: bool) -> TensorDict:
         c = self._c
