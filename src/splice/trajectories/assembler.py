@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
+import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
 from tensordict.utils import NestedKey
@@ -286,7 +287,8 @@ class TrajectoryAssembler:
         assert self._pool is not None
         keep = self._alive[: self._size].nonzero().squeeze(1)
         k = keep.numel()
-        self._pool[:k] = self._pool[keep]
+        for _, leaf in leaves(self._pool):  # per leaf: TensorDict fancy indexing is ~10x slower
+            leaf[:k] = leaf.index_select(0, keep)
         self._ids[:k] = self._ids[keep]
         self._alive[:k] = True
         self._alive[k : self._size] = False
@@ -317,7 +319,10 @@ class TrajectoryAssembler:
         live = self._alive[: self._size]
         steps = (live & torch.isin(self._ids[: self._size], chosen)).nonzero().squeeze(1)
         sorted_chosen, order = chosen.sort()
-        row = order[torch.searchsorted(sorted_chosen, self._ids[steps])]
+        # numpy's searchsorted: torch's goes through the intra-op thread pool even for a few
+        # elements, which costs milliseconds when the machine is busy.
+        where = np.searchsorted(sorted_chosen.numpy(), self._ids[steps].numpy())
+        row = order[torch.from_numpy(where)]
         return self._take(steps, index_by_row(row, n), traj_format, mark_cut=False)
 
     def flush(self, traj_format: TrajFormat = "padded") -> TensorDict | None:
@@ -340,8 +345,11 @@ class TrajectoryAssembler:
         if self._pool is None:
             return TensorDict({}, batch_size=[0, 0] if traj_format == "padded" else [0])
         if traj_format == "cat":
-            steps = steps[index.cat_order()]
-            index = index_by_row(torch.repeat_interleave(index.lengths), index.n_rows)
+            cat_order = index.cat_order()
+            steps = steps[cat_order]
+            # The rows of the reordered steps (what repeat_interleave(lengths) gives, without
+            # torch's thread-pool round trip that costs milliseconds on a busy machine).
+            index = index_by_row(index.row[cat_order], index.n_rows)
         flat = map_leaves(self._pool, lambda _, x: x.index_select(0, steps), [steps.numel()])
         if mark_cut:
             last = index.pos == index.lengths[index.row] - 1
