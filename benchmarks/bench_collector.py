@@ -234,7 +234,7 @@ def main() -> None:
                     policy_name,
                     frames=frames,
                     torchrl_frames=config.fpb * (1 if quick else 2),
-                    rounds=1 if quick else 5,
+                    rounds=1 if quick else 7,
                 )
             )
             print(

@@ -129,3 +129,33 @@ def test_truncation_is_not_termination():
     assert torch.equal(
         data["next", "observation"][..., 1][trunc], torch.full((int(trunc.sum()),), 4.0)
     )
+
+
+@pytest.mark.parametrize("vector", [False, True])
+def test_seed_reproduces_random_collection(vector):
+    def make():
+        env = _cartpole_vec(AutoresetMode.NEXT_STEP) if vector else gym.make("CartPole-v1")
+        return Collector(
+            env,
+            frames_per_batch=80,
+            total_frames=240,
+            seed=11,
+            worker_id=52,
+            device="cpu",
+            storing_device="cpu",
+        )
+
+    with make() as a, make() as b:
+        for x, y in zip(a, b, strict=True):
+            assert (x == y).all()
+    with (
+        make() as a,
+        Collector(
+            _cartpole_vec(AutoresetMode.NEXT_STEP) if vector else gym.make("CartPole-v1"),
+            frames_per_batch=80,
+            total_frames=80,
+            seed=12,
+            worker_id=52,
+        ) as c,
+    ):
+        assert not torch.equal(next(iter(a))["action"], next(iter(c))["action"])

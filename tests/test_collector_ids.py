@@ -66,6 +66,7 @@ def test_state_dict_round_trip_continues_ids():
     second = Collector(counting_vec([2, 3]), frames_per_batch=20, total_frames=120, worker_id=64)
     second.load_state_dict(state)
     assert second.frames == 60
+    assert len(second) == 3
     later = torch.cat([x["collector", "traj_ids"].flatten() for x in second])
     assert later.numel() == 60  # the frame budget continues too
     assert int(later.min()) == int(seen.max()) + 1  # fresh episodes, next ids of the saved space

@@ -250,7 +250,9 @@ class Collector:
         return self._frames
 
     def __len__(self) -> int:
-        """The number of batches a full iteration yields (see "Batch count" above).
+        """The number of batches an iteration started now yields (see "Batch count" above):
+        ``ceil(total_frames / frames_per_batch)`` for a fresh collector, fewer after some
+        collection or :meth:`load_state_dict`.
 
         Raises:
             TypeError: endless collector, or ``trajs_per_batch`` (the count depends on the data).
@@ -262,7 +264,7 @@ class Collector:
                 "len() is undefined with trajs_per_batch: how many batches of complete episodes "
                 "fit in total_frames depends on the episode lengths; iterate to the end instead"
             )
-        return math.ceil(self.total_frames / self.frames_per_batch)
+        return math.ceil(max(self.total_frames - self._frames, 0) / self.frames_per_batch)
 
     # --------------------------------------------------------------- iteration
     def __iter__(self) -> Iterator[TensorDictBase]:

@@ -347,9 +347,12 @@ class TrajectoryAssembler:
         if traj_format == "cat":
             cat_order = index.cat_order()
             steps = steps[cat_order]
-            # The rows of the reordered steps (what repeat_interleave(lengths) gives, without
-            # torch's thread-pool round trip that costs milliseconds on a busy machine).
-            index = index_by_row(index.row[cat_order], index.n_rows)
+            # Rows are now laid out one after the other: row and position follow from the
+            # offsets (no second sort, and no repeat_interleave, whose thread-pool round trip
+            # costs milliseconds on a busy machine).
+            row = index.row[cat_order]
+            pos = torch.arange(row.numel()) - index.offsets()[row]
+            index = TrajectoryIndex(row, pos, index.lengths, index.max_len)
         flat = map_leaves(self._pool, lambda _, x: x.index_select(0, steps), [steps.numel()])
         if mark_cut:
             last = index.pos == index.lengths[index.row] - 1
