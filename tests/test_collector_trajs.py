@@ -92,8 +92,9 @@ def test_drop_incomplete_drops_only_in_flight_episodes():
 @pytest.mark.parametrize("fpb,total", [(20, 100), (20, 90), (7, 50)])
 def test_len_equals_number_of_yields(fpb, total):
     c = Collector(counting_vec([3, 4]), frames_per_batch=fpb, total_frames=total)
+    n = len(c)
     out = list(c)
-    assert len(c) == len(out)
+    assert n == len(out) and len(c) == 0
     assert c.frames == len(out) * c.frames_per_batch >= total
     c.shutdown()
 

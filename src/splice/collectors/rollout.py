@@ -425,7 +425,10 @@ class RolloutLoop:
             return {k: self._gather(a, flat, (b, steps)) for k, a in arrays.items()}
         # env-major copy of the validity mask, so the running count is contiguous per row
         valid = np.ascontiguousarray(self._valid[:c].T)  # [B, c]
-        count = np.cumsum(valid.view(np.int8), axis=1, dtype=np.int16 if c < 2**15 else np.int64)
+        count_dtype = np.int16 if c < 2**15 else np.int64
+        count: np.ndarray[Any, np.dtype[np.signedinteger[Any]]] = np.cumsum(
+            valid.view(np.int8), axis=1, dtype=count_dtype
+        )
         taken = np.flatnonzero(valid & (count <= steps))  # b * c + t, row-major
         flat = (taken % c) * b + taken // c
         out = {k: self._gather(a, flat, (b, steps)) for k, a in arrays.items()}
