@@ -131,11 +131,11 @@ class TrajectoryAssembler:
 
     def _complete_mask(self) -> Tensor:
         live = self._alive[: self._size]
-        return live & torch.isin(self._ids[: self._size], self._complete)
+        return live & _isin(self._ids[: self._size], self._complete)
 
     def _in_flight_mask(self) -> Tensor:
         live = self._alive[: self._size]
-        return live & ~torch.isin(self._ids[: self._size], self._complete)
+        return live & ~_isin(self._ids[: self._size], self._complete)
 
     # ----------------------------------------------------------------- ingest
     def ingest(self, batch: TensorDictBase) -> int:
@@ -317,7 +317,7 @@ class TrajectoryAssembler:
             )
         chosen, self._complete = self._complete[:n], self._complete[n:]
         live = self._alive[: self._size]
-        steps = (live & torch.isin(self._ids[: self._size], chosen)).nonzero().squeeze(1)
+        steps = (live & _isin(self._ids[: self._size], chosen)).nonzero().squeeze(1)
         sorted_chosen, order = chosen.sort()
         # numpy's searchsorted: torch's goes through the intra-op thread pool even for a few
         # elements, which costs milliseconds when the machine is busy.
@@ -364,6 +364,11 @@ class TrajectoryAssembler:
         if traj_format == "cat":
             return flat
         return to_padded(flat, index, ids_key=self.trajectory_key, mask_key=self.mask_key)
+
+
+def _isin(values: Tensor, test: Tensor) -> Tensor:
+    """``torch.isin`` for CPU int64 tensors, computed by numpy (several times faster here)."""
+    return torch.from_numpy(np.isin(values.numpy(), test.numpy()))
 
 
 def _check_format(traj_format: str) -> None:
