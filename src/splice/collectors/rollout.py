@@ -433,20 +433,15 @@ class RolloutLoop:
         flat = (taken % c) * b + taken // c
         out = {k: self._gather(a, flat, (b, steps)) for k, a in arrays.items()}
         n_surplus = count[:, -1].astype(np.int64) - steps
-        width = int(n_surplus.max())
+        # Carry over: every row's surplus lies after its T-th valid step, so the column block
+        # [lo, c) holds all of it. Move that block to the front (a memmove, no gather) and mark
+        # the steps in it that were just taken as invalid: they become holes.
+        lo = int(np.argmax(count >= steps, axis=1).min()) + 1
+        width = c - lo
         if width:
-            extra = np.flatnonzero(valid & (count > steps))
-            b_s, t_s = extra // c, extra % c
-            first = np.cumsum(n_surplus) - n_surplus
-            rank = np.arange(extra.size) - np.repeat(first, n_surplus)
-            src = np.tile(np.arange(b), width).reshape(width, b)  # filler: column 0, invalid
-            src[rank, b_s] = t_s * b + b_s
-            front_valid = np.zeros((width, b), np.bool_)
-            front_valid[rank, b_s] = True
-            src_flat = src.ravel()
             for a in arrays.values():
-                a[:width] = self._gather(a, src_flat, (width, b))
-            self._valid[:width] = front_valid
+                a[:width] = a[lo:c]
+            self._valid[:width] = (valid[:, lo:c] & (count[:, lo:c] > steps)).T
         self._valid[width:c] = True
         self._holes = (width - n_surplus).astype(np.int64)
         self._c = width
