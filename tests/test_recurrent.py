@@ -51,9 +51,12 @@ def _by_hand(policy, batch):
 @pytest.mark.parametrize("mode", [AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP])
 def test_state_carried_and_zeroed_like_by_hand(mode):
     policy = GRUPolicy()
-    c = Collector(counting_vec([3, 5, 8], mode), policy, frames_per_batch=30, total_frames=120)
+    # length-1 episodes: NEXT_STEP needs twice the columns, so staging grows mid-batch
+    c = Collector(counting_vec([1, 5, 8], mode), policy, frames_per_batch=30, total_frames=120)
     batches = list(c)
     c.shutdown()
+    if mode == AutoresetMode.NEXT_STEP:
+        assert c._loop._capacity > 2 * 10  # the staging did grow (T = 10)
     data = torch.cat(batches, 1)
     with torch.no_grad():
         h_in, h_out, actions = _by_hand(policy, data)
