@@ -44,11 +44,11 @@ def test_three_modes_identical_cartpole(extra):
             assert (a == b).all(), mode
 
 
-def test_three_modes_identical_async_counting():
-    ref = _collect(counting_vec([1, 2, 3, 5]), worker_id=51)
-    out = _collect(
-        counting_vec([1, 2, 3, 5], AutoresetMode.SAME_STEP, asynchronous=True), worker_id=51
-    )
+@pytest.mark.parametrize("mode", MODES)
+def test_async_vector_env_matches_sync(mode):
+    ref = _collect(counting_vec([1, 2, 3, 5]), worker_id=51, max_frames_per_traj=4)
+    env = counting_vec([1, 2, 3, 5], mode, asynchronous=True)
+    out = _collect(env, worker_id=51, max_frames_per_traj=4)
     for a, b in zip(ref, out, strict=True):
         assert (a == b).all()
 
