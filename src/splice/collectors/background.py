@@ -35,6 +35,18 @@ class BackgroundRunner:
         name: the thread's name.
         on_exit: called in the thread after the last ``step`` (also after a stop request or an
             error), e.g. to flush what is buffered.
+
+    Examples:
+        >>> import time
+        >>> runner = BackgroundRunner(lambda: time.sleep(0.001) or True)  # endless
+        >>> runner.start()
+        >>> runner.pause(timeout=5)
+        >>> runner.paused, runner.alive
+        (True, True)
+        >>> runner.request_stop()
+        >>> runner.join(timeout=5)
+        >>> runner.alive
+        False
     """
 
     def __init__(

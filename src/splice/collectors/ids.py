@@ -70,6 +70,11 @@ class TrajectoryIds:
 
     Raises:
         ValueError: a ``worker_id`` out of range, or the space is exhausted.
+
+    Examples:
+        >>> ids = TrajectoryIds(worker_id=5)
+        >>> int(worker_of(ids.take(1)[0])), ids.issued
+        (5, 1)
     """
 
     def __init__(self, worker_id: int | None = None, *, start: int = 0) -> None:

@@ -104,6 +104,18 @@ class RolloutLoop:
     Raises:
         ValueError: ``steps < 1``, a bad ``max_frames_per_traj``, or ``max_frames_per_traj``
             with an env that cannot reset a subset of its envs.
+
+    Examples:
+        >>> import gymnasium as gym
+        >>> from splice.envs import make_adapter
+        >>> loop = RolloutLoop(
+        ...     make_adapter(gym.make("CartPole-v1")), None, steps=30,
+        ...     ids=TrajectoryIds(worker_id=8), max_frames_per_traj=10, seed=0,
+        ... )
+        >>> batch = loop.collect()
+        >>> batch.batch_size, int(batch["next", "truncated"].sum()) >= 1
+        (torch.Size([30]), True)
+        >>> loop.close()
     """
 
     def __init__(

@@ -59,6 +59,17 @@ def make_adapter(
         TypeError: ``env`` is none of the above, or ``num_envs``/``env_kwargs`` are given with
             an env object.
         ValueError: a vector env with an unknown autoreset mode, or a non-positive ``num_envs``.
+
+    Examples:
+        >>> import gymnasium as gym
+        >>> make_adapter(lambda: gym.make("CartPole-v1")).batched
+        False
+        >>> vec = gym.make_vec(
+        ...     "CartPole-v1", num_envs=2, vectorization_mode="sync",
+        ...     vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP},
+        ... )
+        >>> type(make_adapter(vec)).__name__
+        'SameStepVectorAdapter'
     """
     if isinstance(env, str):
         kwargs = dict(env_kwargs or {})

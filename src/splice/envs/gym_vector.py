@@ -47,6 +47,11 @@ def autoreset_mode_of(env: VectorEnv[Any, Any, Any]) -> AutoresetMode:
 
     Raises:
         ValueError: the env declares none, or an unknown one.
+
+    Examples:
+        >>> import gymnasium as gym
+        >>> autoreset_mode_of(gym.make_vec("CartPole-v1", num_envs=2, vectorization_mode="sync"))
+        <AutoresetMode.NEXT_STEP: 'NextStep'>
     """
     mode = (getattr(env, "metadata", None) or {}).get("autoreset_mode")
     if mode is None:

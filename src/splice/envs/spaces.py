@@ -68,6 +68,12 @@ def observation_leaves(space: spaces.Space[Any], key: tuple[str, ...] = ()) -> l
 
     Raises:
         TypeError: a space the collector cannot store (Text, Graph, Sequence, ...).
+
+    Examples:
+        >>> import numpy as np
+        >>> space = spaces.Tuple((spaces.Discrete(2), spaces.MultiBinary(3)))
+        >>> [(leaf.key, leaf.shape) for leaf in observation_leaves(space)]
+        [(('0',), ()), (('1',), (3,))]
     """
     if isinstance(space, _SIMPLE):
         return [_simple_leaf(space, key)]
@@ -112,6 +118,10 @@ def action_leaf(space: spaces.Space[Any]) -> Leaf:
 
     Raises:
         TypeError: Dict/Tuple or other composite action spaces (not supported).
+
+    Examples:
+        >>> action_leaf(spaces.MultiDiscrete([2, 3])).shape
+        (2,)
     """
     if isinstance(space, _SIMPLE):
         return _simple_leaf(space, ())
