@@ -171,7 +171,9 @@ class RolloutLoop:
         self._allocate((IS_INIT,), (), np.dtype(np.bool_))
         act = adapter.act_leaf
         self._allocate((ACTION,), act.shape, act.dtype)
-        self._valid = np.ones((self._capacity, b), np.bool_)
+        # True where a column is not a step of that env (a NEXT_STEP dead reset step, or a
+        # hole left by carry-over); False beyond the last written column.
+        self._dead = np.zeros((self._capacity, b), np.bool_)
         self.adapter = adapter
         self._bind_adapter()
         self.runner: PolicyRunner | None = None
@@ -233,9 +235,9 @@ class RolloutLoop:
             new = np.zeros((capacity, *old.shape[1:]), old.dtype)
             new[:used] = old[:used]
             self._arrays[key] = new
-        valid = np.ones((capacity, self._b), np.bool_)
-        valid[:used] = self._valid[:used]
-        self._valid = valid
+        dead = np.zeros((capacity, self._b), np.bool_)
+        dead[:used] = self._dead[:used]
+        self._dead = dead
         self._capacity = capacity
         self._bind_adapter()
         if self.runner is not None and self.runner.discovered:
@@ -277,7 +279,7 @@ class RolloutLoop:
         self._seed = None  # only the very first reset is seeded; later ones continue the RNG
         self._c = 0
         self._holes[:] = 0
-        self._valid[:] = True
+        self._dead[:] = False
         self._init_now = self._all_init
         self._row_ids[:] = -1
         self._ep_len[:] = 0
@@ -334,8 +336,8 @@ class RolloutLoop:
         runner = self.runner
         steps = self.steps
         c = self._c
-        holes = self._holes
-        target = steps + int(holes.max())
+        first = c
+        target = steps + int(self._holes.max())
         dead_steps = adapter.dead_steps
         max_len = self.max_frames_per_traj
         ep_len = self._ep_len
@@ -356,18 +358,18 @@ class RolloutLoop:
                 v(a[obs_keys[0]]),
                 a[(IS_INIT,)],  # [C, B] even for one env: init masks are [B] arrays
                 v(a[(ACTION,)]),
-                self._valid,
+                self._dead,
                 v(a[TERMINATED]),
                 v(a[TRUNCATED]),
             )
 
-        obs_stage, obs_stage0, init_stage, action_stage, valid, term_stage, trunc_stage = (
+        obs_stage, obs_stage0, init_stage, action_stage, dead, term_stage, trunc_stage = (
             bind_locals()
         )
         while c < target:
             if c == self._capacity:
                 self._grow(c)
-                obs_stage, obs_stage0, init_stage, action_stage, valid, term_stage, trunc_stage = (
+                obs_stage, obs_stage0, init_stage, action_stage, dead, term_stage, trunc_stage = (
                     bind_locals()
                 )
             obs = adapter.obs
@@ -389,13 +391,18 @@ class RolloutLoop:
                 ep_len += 1
             restarted = env_step(action, c)
             if dead_steps and restarted is not None:
-                valid[c] = ~restarted  # a dead reset step: never part of the data
-                holes += restarted
-                target = steps + int(holes.max())
+                dead[c] = restarted  # a dead reset step: never part of the data
             if max_len is not None:
                 restarted = self._truncate_long(restarted, c, term_stage, trunc_stage)
             init_now = no_init if restarted is None else restarted
             c += 1
+            if c == target and dead_steps:
+                # Top up: rows that lost steps need more columns. Counted here, once the
+                # planned columns are done, rather than at every step.
+                holes = self._holes + np.count_nonzero(dead[first:c], axis=0)
+                target = steps + int(holes.max())
+        if dead_steps:
+            self._holes = self._holes + np.count_nonzero(self._dead[first:c], axis=0)
         self._c = c
         self._init_now = init_now
 
@@ -431,12 +438,13 @@ class RolloutLoop:
             out = {k: a[:steps].swapaxes(0, 1).copy() for k, a in arrays.items()}
             self._c = 0
             return out
+        self.adapter.detach_obs()  # it may view a staging row that is about to move
         if c == steps and not self._holes.any():
             flat = (np.arange(steps)[None, :] * b + np.arange(b)[:, None]).ravel()
             self._c = 0
             return {k: self._gather(a, flat, (b, steps)) for k, a in arrays.items()}
         # env-major copy of the validity mask, so the running count is contiguous per row
-        valid = np.ascontiguousarray(self._valid[:c].T)  # [B, c]
+        valid = ~self._dead[:c].T  # [B, c], env-major so the running count is contiguous
         count_dtype = np.int16 if c < 2**15 else np.int64
         count: np.ndarray[Any, np.dtype[np.signedinteger[Any]]] = np.cumsum(
             valid.view(np.int8), axis=1, dtype=count_dtype
@@ -453,8 +461,8 @@ class RolloutLoop:
         if width:
             for a in arrays.values():
                 a[:width] = a[lo:c]
-            self._valid[:width] = (valid[:, lo:c] & (count[:, lo:c] > steps)).T
-        self._valid[width:c] = True
+            self._dead[:width] = ~(valid[:, lo:c] & (count[:, lo:c] > steps)).T
+        self._dead[width:c] = False
         self._holes = (width - n_surplus).astype(np.int64)
         self._c = width
         return out

@@ -198,6 +198,10 @@ class EnvAdapter(ABC):
     def seed_actions(self, seed: int | None) -> None:
         """Seed the random actions of :meth:`sample_actions`."""
 
+    def detach_obs(self) -> None:
+        """Make :attr:`obs` independent of the staging arrays (they are about to be reused)."""
+        self.obs = [np.array(x) if isinstance(x, np.ndarray) else x for x in self.obs]
+
     def env_action(self, action: np.ndarray) -> Any:
         """Turn a policy's action array into what ``env.step`` takes."""
         return action

@@ -153,11 +153,13 @@ class NextStepVectorAdapter(GymVectorAdapter):
 
     def step(self, action: Any, c: int) -> np.ndarray | None:
         _, terminated, truncated = self._read_step(action, c)
+        # The observation entering the next step is the one just written to staging: read it
+        # from there (C-contiguous) rather than from the env's array, which vector entry points
+        # return transposed (copying that twice per step costs more than the physics).
+        self.obs = [arr[c] for arr in self._next_obs]
         dead = self._ended  # envs that ended last step: this step was their reset
         if np.count_nonzero(terminated) or np.count_nonzero(truncated):
-            self._ended = terminated | truncated
-            if dead is not None:
-                self._ended &= ~dead
+            self._ended = terminated | truncated  # a dead step never reports an end
         else:
             self._ended = None
         return dead
