@@ -200,3 +200,23 @@ def test_shut_down_collector_refuses_to_collect():
     c.shutdown()
     with pytest.raises(RuntimeError, match="shut down"):
         next(iter(c))
+
+
+def test_collection_recovers_after_a_policy_error():
+    calls = {"n": 0}
+
+    def flaky(td):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise RuntimeError("transient")
+        return td.set("action", torch.zeros(td.batch_size, dtype=torch.long))
+
+    c = Collector(counting_vec([4, 4]), flaky, frames_per_batch=10, total_frames=30)
+    it = iter(c)
+    with pytest.raises(RuntimeError, match="transient"):
+        next(it)
+    batch = next(iter(c))  # starts over: fresh episodes, full batch
+    assert batch.batch_size == torch.Size([2, 5])
+    assert bool(batch["is_init"][:, 0].all())
+    assert torch.equal(batch["observation"][..., 1][:, :4], torch.arange(4.0).expand(2, -1))
+    c.shutdown()

@@ -299,6 +299,9 @@ class RolloutLoop:
 
         Returns:
             A ``[B, T]`` TensorDict (``[T]`` for a single env) following the data contract.
+
+        If the policy or the env raises, the exception propagates and the next call starts
+        over: every env is reset and new episodes (new ids) begin.
         """
         if not self._started:
             self._start()
@@ -311,9 +314,15 @@ class RolloutLoop:
                 self._prepare_random_batch(runner)
             else:
                 runner.check_next_action()
-        with torch.no_grad():
-            self._run(use_random)
-        return self._finalize(random_batch=runner is not None and random_actions)
+        try:
+            with torch.no_grad():
+                self._run(use_random)
+            return self._finalize(random_batch=runner is not None and random_actions)
+        except BaseException:
+            # A policy or env error mid-batch leaves staging half written: start over (fresh
+            # episodes, new ids) if the caller collects again.
+            self._started = False
+            raise
 
     def _prepare_random_batch(self, runner: PolicyRunner) -> None:
         if not runner.discovered:
