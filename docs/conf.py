@@ -11,7 +11,7 @@ sys.path.insert(0, str(ROOT / "src"))
 
 project = "splice"
 author = "splice developers"
-copyright = "2026, splice developers"  # noqa: A001
+copyright = "2026, splice developers"
 release = "0.1.0"
 
 extensions = [

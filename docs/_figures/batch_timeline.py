@@ -19,16 +19,22 @@ for env, row in enumerate(ROWS):
     t = 0
     for traj, length, end in row:
         for k in range(length):
-            ax.add_patch(
-                Rectangle((t + k, env), 0.94, 0.8, color=COLORS(traj), alpha=0.75, lw=0)
-            )
+            ax.add_patch(Rectangle((t + k, env), 0.94, 0.8, color=COLORS(traj), alpha=0.75, lw=0))
         last = t + length - 1
         ax.text(t + (length - 1) / 2, env + 0.4, f"id {traj}", ha="center", va="center", fontsize=8)
         if end == "cut":
             ax.plot([last + 0.97, last + 0.97], [env - 0.05, env + 0.85], color="crimson", lw=2.5)
         else:
-            ax.text(last + 0.47, env + 0.4, {"terminated": "X", "truncated": "T"}[end],
-                    ha="center", va="center", fontsize=11, fontweight="bold", color="white")
+            ax.text(
+                last + 0.47,
+                env + 0.4,
+                {"terminated": "X", "truncated": "T"}[end],
+                ha="center",
+                va="center",
+                fontsize=11,
+                fontweight="bold",
+                color="white",
+            )
         t += length
 ax.set_xlim(-0.2, 16.2)
 ax.set_ylim(-0.1, 2.9)

@@ -3,18 +3,23 @@
 Examples:
     >>> import splice
     >>> sorted(splice.__all__)[:3]
-    ['LayoutError', 'TrajectoryAssembler', 'cat_trajectories']
+    ['Collector', 'LayoutError', 'RandomPolicy']
 """
 
 from splice import layout
+from splice.collectors import Collector, TrajectoryIds
 from splice.layout import LayoutError, validate_batch
+from splice.policies import RandomPolicy
 from splice.trajectories import TrajectoryAssembler, cat_trajectories, split_trajectories
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "Collector",
     "LayoutError",
+    "RandomPolicy",
     "TrajectoryAssembler",
+    "TrajectoryIds",
     "cat_trajectories",
     "layout",
     "split_trajectories",

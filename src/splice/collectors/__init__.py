@@ -1,0 +1,14 @@
+"""Collectors: a policy stepping environments, batches out.
+
+* :class:`Collector` — one process; iterate for batches, or :meth:`Collector.start` to fill a
+  replay buffer from a background thread;
+* :class:`RolloutLoop` — the reusable single-process collection loop behind every collector;
+* :class:`TrajectoryIds` — the id spaces that keep trajectory ids unique across collectors.
+"""
+
+from splice.collectors.background import BackgroundRunner
+from splice.collectors.collector import Collector
+from splice.collectors.ids import TrajectoryIds
+from splice.collectors.rollout import EpisodeStats, RolloutLoop
+
+__all__ = ["BackgroundRunner", "Collector", "EpisodeStats", "RolloutLoop", "TrajectoryIds"]

@@ -1,0 +1,106 @@
+"""Environment adapters: gymnasium ``Env`` and ``VectorEnv`` (all autoreset modes) as one
+normalized step stream for the collector loop (see :mod:`splice.envs.base`).
+
+Examples:
+    >>> from splice.envs import make_adapter
+    >>> adapter = make_adapter("CartPole-v1", num_envs=4)
+    >>> adapter.num_envs, adapter.autoreset_mode
+    (4, 'NextStep')
+    >>> adapter.close()
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import gymnasium as gym
+from gymnasium.vector import AutoresetMode, VectorEnv
+
+from splice.envs.base import EnvAdapter, EnvError, Staging
+from splice.envs.gym_env import GymEnvAdapter
+from splice.envs.gym_vector import (
+    DisabledVectorAdapter,
+    GymVectorAdapter,
+    NextStepVectorAdapter,
+    SameStepVectorAdapter,
+    autoreset_mode_of,
+)
+
+__all__ = [
+    "EnvAdapter",
+    "EnvError",
+    "EnvLike",
+    "GymEnvAdapter",
+    "GymVectorAdapter",
+    "Staging",
+    "make_adapter",
+]
+
+EnvLike = gym.Env[Any, Any] | VectorEnv[Any, Any, Any] | Callable[[], Any] | str
+
+
+def make_adapter(
+    env: EnvLike,
+    *,
+    num_envs: int | None = None,
+    env_kwargs: dict[str, Any] | None = None,
+) -> EnvAdapter:
+    """Wrap ``env`` in the adapter that fits it.
+
+    Args:
+        env: a ``gymnasium.Env``; a ``gymnasium.vector.VectorEnv`` (any autoreset mode); a
+            zero-argument callable returning either; or an env id string.
+        num_envs: with an env id: ``None`` makes one env (``gymnasium.make``), an int makes a
+            vector env (``gymnasium.make_vec`` with its default vectorization mode).
+        env_kwargs: keyword arguments for ``gymnasium.make``/``make_vec`` (env id only).
+
+    Raises:
+        TypeError: ``env`` is none of the above, or ``num_envs``/``env_kwargs`` are given with
+            an env object.
+        ValueError: a vector env with an unknown autoreset mode, or a non-positive ``num_envs``.
+
+    Examples:
+        >>> import gymnasium as gym
+        >>> make_adapter(lambda: gym.make("CartPole-v1")).batched
+        False
+        >>> vec = gym.make_vec(
+        ...     "CartPole-v1", num_envs=2, vectorization_mode="sync",
+        ...     vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP},
+        ... )
+        >>> type(make_adapter(vec)).__name__
+        'SameStepVectorAdapter'
+    """
+    if isinstance(env, str):
+        kwargs = dict(env_kwargs or {})
+        if num_envs is None:
+            return make_adapter(gym.make(env, **kwargs))
+        if isinstance(num_envs, bool) or not isinstance(num_envs, int) or num_envs < 1:
+            raise ValueError(f"num_envs must be a positive int, got {num_envs!r}")
+        return make_adapter(gym.make_vec(env, num_envs=num_envs, **kwargs))
+    if num_envs is not None or env_kwargs is not None:
+        raise TypeError(
+            "num_envs and env_kwargs only apply to an env id string; got them with "
+            f"{type(env).__name__}"
+        )
+    if isinstance(env, VectorEnv):
+        mode = autoreset_mode_of(env)
+        if mode == AutoresetMode.NEXT_STEP:
+            return NextStepVectorAdapter(env)
+        if mode == AutoresetMode.SAME_STEP:
+            return SameStepVectorAdapter(env)
+        return DisabledVectorAdapter(env)
+    if isinstance(env, gym.Env):
+        return GymEnvAdapter(env)
+    if callable(env):
+        made = env()
+        if not isinstance(made, gym.Env | VectorEnv):
+            raise TypeError(
+                f"the env factory returned {type(made).__name__}; expected a gymnasium.Env or "
+                "gymnasium.vector.VectorEnv"
+            )
+        return make_adapter(made)
+    raise TypeError(
+        f"env must be a gymnasium.Env, a gymnasium.vector.VectorEnv, a zero-argument callable "
+        f"returning one, or an env id string; got {type(env).__name__}"
+    )

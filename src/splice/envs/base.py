@@ -1,0 +1,211 @@
+"""The normalized step stream every environment adapter provides to the collector loop.
+
+An adapter wraps one gymnasium ``Env`` (seen as one env) or one ``VectorEnv`` (``B`` envs) and
+writes each step straight into the collector's staging arrays. Whatever the env's autoreset
+mode, the loop sees the same stream:
+
+* ``adapter.obs`` — the observation leaves *entering* the next step (a reset observation where
+  an episode restarts);
+* ``adapter.step(action, c)`` writes, at staging column ``c``, the TRUE next observation (the
+  final one at an episode's end), the reward and the terminated/truncated flags, and returns
+  ``None`` when no env restarted, else a bool mask ``[B]``:
+
+  - for an adapter with ``dead_steps = False``: the envs whose episode ended at ``c`` and that
+    were already reset (their next step starts a new episode);
+  - for an adapter with ``dead_steps = True`` (gymnasium's NEXT_STEP autoreset): the envs for
+    which column ``c`` was a *dead* reset step — the action was ignored and the env only
+    returned its reset observation. The loop drops those columns; their next step starts a new
+    episode.
+
+Staging arrays are time-major, ``[C, B, *leaf_shape]``; a single env writes into ``B = 1`` by
+numpy broadcasting.
+
+Examples:
+    >>> import gymnasium as gym
+    >>> import numpy as np
+    >>> from splice.envs import make_adapter
+    >>> adapter = make_adapter(gym.make("CartPole-v1"))
+    >>> adapter.num_envs, adapter.batched, adapter.dead_steps
+    (1, False, False)
+    >>> adapter.bind(adapter.allocate(capacity=4))
+    >>> adapter.reset(seed=0)
+    >>> adapter.step(1, 0) is None  # the episode goes on
+    True
+    >>> adapter.staging.reward[0]
+    array([1.], dtype=float32)
+    >>> adapter.close()
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from gymnasium import spaces
+
+from splice.envs.spaces import Leaf, action_leaf, flattener, observation_leaves
+
+__all__ = ["EnvAdapter", "EnvError", "Staging"]
+
+
+class EnvError(ValueError):
+    """An environment returned something that does not match its declared spaces."""
+
+
+@dataclass
+class Staging:
+    """The env-side staging arrays, time-major ``[C, B, ...]`` (``[C, ...]`` views for one env).
+
+    Args:
+        next_obs: one array per observation leaf.
+        reward: float32 ``[C, B]``.
+        terminated: bool ``[C, B]``.
+        truncated: bool ``[C, B]``.
+    """
+
+    next_obs: list[np.ndarray]
+    reward: np.ndarray
+    terminated: np.ndarray
+    truncated: np.ndarray
+
+
+class EnvAdapter(ABC):
+    """One environment (or vector of environments) as a normalized step stream.
+
+    Subclasses set, in ``__init__``: ``env``, ``num_envs``, ``batched``,
+    ``single_observation_space``, ``single_action_space``, ``dead_steps``,
+    ``supports_partial_reset`` and ``autoreset_mode`` (a name for messages), then call
+    :meth:`_init_spaces`.
+    """
+
+    env: Any
+    num_envs: int
+    #: False for a single ``gymnasium.Env``: its batches are ``[T]``, not ``[1, T]``.
+    batched: bool
+    single_observation_space: spaces.Space[Any]
+    single_action_space: spaces.Space[Any]
+    #: True when the env inserts a dead reset step after each episode (NEXT_STEP autoreset).
+    dead_steps: bool
+    #: True when :meth:`reset_envs` can reset a subset of the envs.
+    supports_partial_reset: bool
+    autoreset_mode: str
+    staging: Staging
+    #: The observation leaves entering the next step.
+    obs: list[Any]
+    #: Validate the shapes of the next step's results (set by the loop once per batch).
+    check_next: bool = True
+
+    def _init_spaces(self) -> None:
+        self.obs_leaves: list[Leaf] = observation_leaves(self.single_observation_space)
+        self.act_leaf: Leaf = action_leaf(self.single_action_space)
+        self._flatten = flattener(self.single_observation_space)
+        self._single_leaf = len(self.obs_leaves) == 1
+        self.obs = []
+
+    # ------------------------------------------------------------------ staging
+    def allocate(self, capacity: int) -> Staging:
+        """Fresh staging arrays for ``capacity`` columns (pass the result to :meth:`bind`)."""
+        b = self.num_envs
+        return Staging(
+            next_obs=[np.empty((capacity, b, *leaf.shape), leaf.dtype) for leaf in self.obs_leaves],
+            reward=np.empty((capacity, b), np.float32),
+            terminated=np.zeros((capacity, b), np.bool_),
+            truncated=np.zeros((capacity, b), np.bool_),
+        )
+
+    def bind(self, staging: Staging) -> None:
+        """Write subsequent steps into ``staging``."""
+        self.staging = staging
+        self._next_obs = staging.next_obs
+        self._next_obs0 = staging.next_obs[0]
+        self._reward = staging.reward
+        self._terminated = staging.terminated
+        self._truncated = staging.truncated
+
+    def _write_next_obs(self, obs: Any, c: int) -> list[Any]:
+        """Write the observation returned by the env at column ``c``; return its leaves."""
+        if self._single_leaf:
+            self._next_obs0[c] = obs
+            return [obs]
+        values = self._flatten(obs)
+        for arr, value in zip(self._next_obs, values, strict=True):
+            arr[c] = value
+        return values
+
+    # --------------------------------------------------------------- validation
+    def _check_obs(self, obs: Any, what: str) -> None:
+        values = self._flatten(obs)
+        lead = (self.num_envs,) if self.batched else ()
+        for leaf, value in zip(self.obs_leaves, values, strict=True):
+            shape = tuple(np.shape(value))
+            if shape != (*lead, *leaf.shape):
+                key = ("observation", *leaf.key)
+                raise EnvError(
+                    f"{what} returned observation {key!r} of shape {list(shape)}; expected "
+                    f"{list((*lead, *leaf.shape))} from the observation space "
+                    f"{self.single_observation_space!r}"
+                    + (f" for {self.num_envs} envs" if self.batched else "")
+                )
+
+    def _check_step(self, obs: Any, reward: Any, terminated: Any, truncated: Any) -> None:
+        self._check_obs(obs, "step()")
+        lead = (self.num_envs,) if self.batched else ()
+        for name, value in (
+            ("reward", reward),
+            ("terminated", terminated),
+            ("truncated", truncated),
+        ):
+            shape = tuple(np.shape(value))
+            if shape != lead:
+                raise EnvError(
+                    f"step() returned {name} of shape {list(shape)}; expected {list(lead)}"
+                    + (f" (one per env, {self.num_envs} envs)" if self.batched else " (a scalar)")
+                )
+            if name != "reward" and np.asarray(value).dtype.kind not in "bui":
+                raise EnvError(
+                    f"step() returned {name} of dtype {np.asarray(value).dtype}; expected bool"
+                )
+        self.check_next = False
+
+    # ------------------------------------------------------------------ the API
+    @abstractmethod
+    def reset(self, seed: int | None = None) -> None:
+        """Reset every env (seeded when ``seed`` is given) and set :attr:`obs`."""
+
+    @abstractmethod
+    def step(self, action: Any, c: int) -> np.ndarray | None:
+        """Apply ``action`` to every env and write the results at column ``c``.
+
+        Returns:
+            ``None``, or the mask of envs that restart (see the module docstring).
+        """
+
+    @abstractmethod
+    def reset_envs(self, mask: np.ndarray) -> None:
+        """Reset the envs where ``mask`` is True (the env did not end them); update :attr:`obs`."""
+
+    @abstractmethod
+    def sample_actions(self) -> Any:
+        """Uniform random actions for all envs, from the action space."""
+
+    def action_sampler(self) -> Any:
+        """:meth:`sample_actions` as a bare callable (one call level less in the hot loop)."""
+        return self.sample_actions
+
+    @abstractmethod
+    def seed_actions(self, seed: int | None) -> None:
+        """Seed the random actions of :meth:`sample_actions`."""
+
+    def detach_obs(self) -> None:
+        """Make :attr:`obs` independent of the staging arrays (they are about to be reused)."""
+        self.obs = [np.array(x) if isinstance(x, np.ndarray) else x for x in self.obs]
+
+    def env_action(self, action: np.ndarray) -> Any:
+        """Turn a policy's action array into what ``env.step`` takes."""
+        return action
+
+    def close(self) -> None:
+        """Close the wrapped environment."""
+        self.env.close()

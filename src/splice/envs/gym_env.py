@@ -1,0 +1,91 @@
+"""Adapter for a single gymnasium ``Env``: the collector resets it itself at episode ends."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+from gymnasium import spaces
+
+from splice.envs.base import EnvAdapter
+
+__all__ = ["GymEnvAdapter"]
+
+_RESTART = np.ones(1, dtype=np.bool_)
+
+
+class GymEnvAdapter(EnvAdapter):
+    """A single ``gymnasium.Env`` as a one-env step stream (batches are ``[T]``).
+
+    When an episode ends (terminated or truncated) the adapter writes the final observation
+    as the step's next observation and resets the env at once, so there is never a dead step.
+
+    Args:
+        env: the environment.
+
+    Examples:
+        >>> import gymnasium as gym
+        >>> adapter = GymEnvAdapter(gym.make("CartPole-v1"))
+        >>> adapter.bind(adapter.allocate(capacity=100))
+        >>> adapter.reset(seed=0)
+        >>> restarts = [adapter.step(1, c) for c in range(100)]  # always push right: short episodes
+        >>> first_end = next(c for c, r in enumerate(restarts) if r is not None)
+        >>> bool(adapter.staging.terminated[first_end, 0])
+        True
+    """
+
+    def __init__(self, env: gym.Env[Any, Any]) -> None:
+        self.env = env
+        self.num_envs = 1
+        self.batched = False
+        self.single_observation_space = env.observation_space
+        self.single_action_space = env.action_space
+        self.dead_steps = False
+        self.supports_partial_reset = True
+        self.autoreset_mode = "single env (reset by the collector)"
+        self._init_spaces()
+        self._scalar_action = isinstance(self.single_action_space, spaces.Discrete)
+        self._step = env.step
+        self._sample = self.single_action_space.sample
+
+    def reset(self, seed: int | None = None) -> None:
+        obs, _ = self.env.reset(seed=seed)
+        self._check_obs(obs, "reset()")
+        self.obs = self._flatten(obs)
+        self.check_next = True
+
+    def step(self, action: Any, c: int) -> np.ndarray | None:
+        obs, reward, terminated, truncated, _ = self._step(action)
+        if self.check_next:
+            self._check_step(obs, reward, terminated, truncated)
+        if self._single_leaf:
+            self._next_obs0[c] = obs
+        else:
+            self._write_next_obs(obs, c)
+        self._reward[c] = reward
+        self._terminated[c] = terminated
+        self._truncated[c] = truncated
+        if terminated or truncated:
+            obs, _ = self.env.reset()
+            self.obs = self._flatten(obs)
+            return _RESTART
+        self.obs = [obs] if self._single_leaf else self._flatten(obs)
+        return None
+
+    def reset_envs(self, mask: np.ndarray) -> None:
+        if bool(mask[0]):
+            obs, _ = self.env.reset()
+            self.obs = self._flatten(obs)
+
+    def sample_actions(self) -> Any:
+        return self._sample()
+
+    def action_sampler(self) -> Any:
+        return self._sample
+
+    def seed_actions(self, seed: int | None) -> None:
+        self.single_action_space.seed(seed)
+
+    def env_action(self, action: np.ndarray) -> Any:
+        return action.item() if self._scalar_action else action

@@ -1,0 +1,200 @@
+"""Adapters for gymnasium ``VectorEnv``: one per autoreset mode, same step stream out.
+
+* NEXT_STEP (gymnasium's default): the step after an episode's end is a *dead* reset step —
+  the env ignores the action and only returns the reset observation. The adapter reports it
+  (``dead_steps = True``) and the collector loop drops it, so it never reaches the data. The
+  observation returned at the end is the true final one.
+* SAME_STEP: the env resets inside the ending step and returns the reset observation; the true
+  final observation is taken from ``infos["final_obs"]``.
+* DISABLED: the adapter resets the finished envs itself with
+  ``reset(options={"reset_mask": done})``.
+
+Works for ``SyncVectorEnv``, ``AsyncVectorEnv``, vector entry points such as
+``gymnasium.make_vec("CartPole-v1", num_envs=1024, vectorization_mode="vector_entry_point")``,
+vector wrappers, and any env following the ``VectorEnv`` API (envpool included).
+
+Examples:
+    >>> import gymnasium as gym
+    >>> from splice.envs import make_adapter
+    >>> env = gym.make_vec("CartPole-v1", num_envs=3, vectorization_mode="sync")
+    >>> adapter = make_adapter(env)
+    >>> type(adapter).__name__, adapter.num_envs, adapter.dead_steps
+    ('NextStepVectorAdapter', 3, True)
+    >>> adapter.close()
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv, VectorEnv
+from gymnasium.vector.utils import batch_space
+
+from splice.envs.base import EnvAdapter, EnvError
+
+__all__ = [
+    "DisabledVectorAdapter",
+    "GymVectorAdapter",
+    "NextStepVectorAdapter",
+    "SameStepVectorAdapter",
+    "autoreset_mode_of",
+]
+
+
+def autoreset_mode_of(env: VectorEnv[Any, Any, Any]) -> AutoresetMode:
+    """The autoreset mode a vector env declares in ``metadata["autoreset_mode"]``.
+
+    Raises:
+        ValueError: the env declares none, or an unknown one.
+
+    Examples:
+        >>> import gymnasium as gym
+        >>> autoreset_mode_of(gym.make_vec("CartPole-v1", num_envs=2, vectorization_mode="sync"))
+        <AutoresetMode.NEXT_STEP: 'NextStep'>
+    """
+    mode = (getattr(env, "metadata", None) or {}).get("autoreset_mode")
+    if mode is None:
+        mode = getattr(env, "autoreset_mode", None)
+    if mode is None:
+        raise ValueError(
+            f"cannot tell the autoreset mode of {type(env).__name__}: it has no "
+            "metadata['autoreset_mode']; set it to a gymnasium.vector.AutoresetMode "
+            "(NEXT_STEP, SAME_STEP or DISABLED)"
+        )
+    try:
+        return mode if isinstance(mode, AutoresetMode) else AutoresetMode(mode)
+    except ValueError:
+        raise ValueError(
+            f"{type(env).__name__} declares autoreset mode {mode!r}, which the collector does "
+            f"not know; supported: {[m.value for m in AutoresetMode]}"
+        ) from None
+
+
+class GymVectorAdapter(EnvAdapter):
+    """Shared part of the vector adapters (see the module docstring).
+
+    Args:
+        env: the vector env.
+    """
+
+    def __init__(self, env: VectorEnv[Any, Any, Any]) -> None:
+        self.env = env
+        self.num_envs = int(env.num_envs)
+        self.batched = True
+        self.single_observation_space = env.single_observation_space
+        self.single_action_space = env.single_action_space
+        mode = autoreset_mode_of(env)
+        self.autoreset_mode = mode.value
+        self.dead_steps = mode == AutoresetMode.NEXT_STEP
+        self.supports_partial_reset = mode == AutoresetMode.DISABLED or isinstance(
+            env.unwrapped, SyncVectorEnv | AsyncVectorEnv
+        )
+        self._init_spaces()
+        # Our own batched action space: envpool's ``action_space`` is the single-env space,
+        # and sampling from a private copy leaves the env's own RNG streams untouched.
+        self._action_space = batch_space(self.single_action_space, self.num_envs)
+        self._sample = self._action_space.sample
+        self._step = env.step
+
+    def reset(self, seed: int | None = None) -> None:
+        obs, _ = self.env.reset(seed=seed)
+        self._check_obs(obs, "reset()")
+        self.obs = self._flatten(obs)
+        self.check_next = True
+
+    def reset_envs(self, mask: np.ndarray) -> None:
+        if not self.supports_partial_reset:
+            raise RuntimeError(
+                f"{type(self.env).__name__} cannot reset a subset of its envs "
+                f"(autoreset mode {self.autoreset_mode})"
+            )
+        obs, _ = self.env.reset(options={"reset_mask": np.asarray(mask, dtype=np.bool_)})
+        self.obs = self._flatten(obs)
+
+    def sample_actions(self) -> Any:
+        return self._sample()
+
+    def action_sampler(self) -> Any:
+        return self._sample
+
+    def seed_actions(self, seed: int | None) -> None:
+        self._action_space.seed(seed)
+
+    def _read_step(self, action: Any, c: int) -> tuple[Any, np.ndarray, np.ndarray]:
+        obs, reward, terminated, truncated, info = self._step(action)
+        if self.check_next:
+            self._check_step(obs, reward, terminated, truncated)
+        self._last_info = info
+        self.obs = self._write_next_obs(obs, c)
+        self._reward[c] = reward
+        self._terminated[c] = terminated
+        self._truncated[c] = truncated
+        return obs, terminated, truncated
+
+
+class NextStepVectorAdapter(GymVectorAdapter):
+    """NEXT_STEP autoreset: reports the dead reset step that follows every episode end."""
+
+    def __init__(self, env: VectorEnv[Any, Any, Any]) -> None:
+        super().__init__(env)
+        self._ended: np.ndarray | None = None
+
+    def reset(self, seed: int | None = None) -> None:
+        super().reset(seed)
+        self._ended = None
+
+    def reset_envs(self, mask: np.ndarray) -> None:
+        super().reset_envs(mask)
+        if self._ended is not None:  # a reset env has no pending autoreset any more
+            self._ended = self._ended & ~mask
+            if not self._ended.any():
+                self._ended = None
+
+    def step(self, action: Any, c: int) -> np.ndarray | None:
+        _, terminated, truncated = self._read_step(action, c)
+        # The observation entering the next step is the one just written to staging: read it
+        # from there (C-contiguous) rather than from the env's array, which vector entry points
+        # return transposed (copying that twice per step costs more than the physics).
+        self.obs = [arr[c] for arr in self._next_obs]
+        dead = self._ended  # envs that ended last step: this step was their reset
+        if np.count_nonzero(terminated) or np.count_nonzero(truncated):
+            self._ended = terminated | truncated  # a dead step never reports an end
+        else:
+            self._ended = None
+        return dead
+
+
+class SameStepVectorAdapter(GymVectorAdapter):
+    """SAME_STEP autoreset: patches in the true final observation from ``infos["final_obs"]``."""
+
+    def step(self, action: Any, c: int) -> np.ndarray | None:
+        _, terminated, truncated = self._read_step(action, c)
+        if not (np.count_nonzero(terminated) or np.count_nonzero(truncated)):
+            return None
+        ended = terminated | truncated
+        info = self._last_info
+        final = info.get("final_obs")
+        if final is None:
+            raise EnvError(
+                f"{type(self.env).__name__} (SAME_STEP autoreset) ended episodes at env(s) "
+                f"{np.flatnonzero(ended).tolist()} but gave no infos['final_obs']: the true "
+                "final observation is lost"
+            )
+        rows = np.flatnonzero(ended)
+        for i, arr in enumerate(self._next_obs):
+            arr[c, rows] = np.stack([self._flatten(final[r])[i] for r in rows])
+        return ended
+
+
+class DisabledVectorAdapter(GymVectorAdapter):
+    """DISABLED autoreset: resets the finished envs with ``reset(options={"reset_mask": ...})``."""
+
+    def step(self, action: Any, c: int) -> np.ndarray | None:
+        _, terminated, truncated = self._read_step(action, c)
+        if not (np.count_nonzero(terminated) or np.count_nonzero(truncated)):
+            return None
+        ended = terminated | truncated
+        obs, _ = self.env.reset(options={"reset_mask": ended})
+        self.obs = self._flatten(obs)
+        return ended
