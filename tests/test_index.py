@@ -41,3 +41,20 @@ def test_index_matches_a_python_reference(ids: list[int]) -> None:
     assert cat == sorted(ids, key=lambda i: order[i])
     by_row = index_by_row(ix.row, ix.n_rows)
     assert by_row.pos.tolist() == pos and by_row.lengths.tolist() == ix.lengths.tolist()
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.integers(-5, 40), max_size=50),
+    st.lists(st.integers(-5, 40), max_size=10, unique=True),
+    st.sampled_from([0, 1 << 40]),
+)
+def test_rank_in_matches_a_python_reference(values, test, offset) -> None:
+    from splice.trajectories.assembler import _rank_in
+
+    got = _rank_in(torch.tensor(values, dtype=torch.int64) + offset, torch.tensor(test) + offset)
+    assert got.tolist() == [test.index(v) if v in test else -1 for v in values]
+    # Ids far apart take the sort-based path.
+    spread = torch.tensor(values, dtype=torch.int64) * (1 << 30)
+    got = _rank_in(spread, torch.tensor(test, dtype=torch.int64) * (1 << 30))
+    assert got.tolist() == [test.index(v) if v in test else -1 for v in values]

@@ -316,14 +316,9 @@ class TrajectoryAssembler:
                 f"{available} or ingest more batches"
             )
         chosen, self._complete = self._complete[:n], self._complete[n:]
-        live = self._alive[: self._size]
-        steps = (live & _isin(self._ids[: self._size], chosen)).nonzero().squeeze(1)
-        sorted_chosen, order = chosen.sort()
-        # numpy's searchsorted: torch's goes through the intra-op thread pool even for a few
-        # elements, which costs milliseconds when the machine is busy.
-        where = np.searchsorted(sorted_chosen.numpy(), self._ids[steps].numpy())
-        row = order[torch.from_numpy(where)]
-        return self._take(steps, index_by_row(row, n), traj_format, mark_cut=False)
+        row_of_step = _rank_in(self._ids[: self._size], chosen)
+        steps = (self._alive[: self._size] & (row_of_step >= 0)).nonzero().squeeze(1)
+        return self._take(steps, index_by_row(row_of_step[steps], n), traj_format, mark_cut=False)
 
     def flush(self, traj_format: TrajFormat = "padded") -> TensorDict | None:
         """Remove and return the episodes still in flight, or None if there are none.
@@ -363,8 +358,31 @@ class TrajectoryAssembler:
 
 
 def _isin(values: Tensor, test: Tensor) -> Tensor:
-    """``torch.isin`` for CPU int64 tensors, computed by numpy (several times faster here)."""
-    return torch.from_numpy(np.isin(values.numpy(), test.numpy()))
+    """``torch.isin`` for CPU int64 tensors."""
+    return _rank_in(values, test) >= 0
+
+
+def _rank_in(values: Tensor, test: Tensor) -> Tensor:
+    """For each value, its position in ``test`` (distinct ids), or -1 if it is not there.
+
+    A collector hands out ids from a counter, so the ids in flight span a narrow range: a dense
+    lookup table then costs one gather. Otherwise numpy's sort-based search (torch's
+    ``isin``/``searchsorted`` go through the intra-op thread pool even for a few elements,
+    which costs milliseconds on a busy machine).
+    """
+    if values.numel() == 0 or test.numel() == 0:
+        return torch.full(values.shape, -1, dtype=torch.int64)
+    v, t = values.numpy(), test.numpy()
+    low = min(int(v.min()), int(t.min()))
+    span = max(int(v.max()), int(t.max())) - low + 1
+    if span <= 4 * (v.size + t.size) + 1024:
+        table = np.full(span, -1, dtype=np.int64)
+        table[t - low] = np.arange(t.size)
+        return torch.from_numpy(table[v - low])
+    order = np.argsort(t, kind="stable")
+    where = np.searchsorted(t, v, sorter=order).clip(max=t.size - 1)
+    found = t[order[where]] == v
+    return torch.from_numpy(np.where(found, order[where], -1))
 
 
 def _check_format(traj_format: str) -> None:
