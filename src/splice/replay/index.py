@@ -1,0 +1,379 @@
+"""``ReplayIndex``: which trajectory and step every stored row holds, maintained on each write.
+
+The storage is a ring of ``capacity`` rows. Every write lands at *global positions*
+``write_count, write_count + 1, ...`` (row = position % capacity); the live rows are the global
+positions ``[lo, write_count)``. For each live row the index keeps its trajectory *slot* and
+its *step* within the trajectory, and groups the rows of a trajectory into *segments*: maximal
+runs of physically consecutive rows holding consecutive steps of one trajectory. Segments of
+one trajectory form a doubly linked list (``back``/``fwd``), so a slice that spans several
+collector chunks (stored far apart) is found by following at most one link per chunk.
+
+Every write is O(batch):
+
+* **eviction** — the rows about to be overwritten are the oldest ones, so each trajectory
+  loses a *prefix* of its live steps: its first live step moves forward (or the trajectory is
+  dropped when nothing of it survives). The surviving tail stays sampleable.
+* **insertion** — rows are grouped into runs of one trajectory; a run continues its
+  trajectory's step count, extends the trajectory's last segment when it is physically
+  adjacent to it (a single-env stream keeps one segment per episode) and otherwise starts a new
+  segment linked to the previous one.
+
+Trajectories are identified by an int64 *key*: the collector's trajectory id, or a synthetic
+id when boundaries come from end-of-trajectory flags. Keys are mapped to dense slots that are
+recycled once a trajectory has no live row left.
+
+Examples:
+    >>> import numpy as np
+    >>> ix = ReplayIndex(capacity=6)
+    >>> _ = ix.write(np.array([7, 7, 7, 8]))  # trajectory 7 (3 steps) then 8 (1 step)
+    >>> _ = ix.write(np.array([8, 7, 7]))  # the ring wraps: the oldest row (7, step 0) goes
+    >>> ix.lo, ix.write_count
+    (1, 7)
+    >>> [ix.describe(row) for row in range(6)]
+    [(7, 4), (7, 1), (7, 2), (8, 0), (8, 1), (7, 3)]
+    >>> ix.rows_back(np.array([0]), np.array([3])).tolist()  # 3 steps before (7, 4): (7, 1)
+    [1]
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from splice.replay._structures import EMPTY, I64, KeyMap, Pool, State
+
+__all__ = ["ReplayIndex", "WriteReport"]
+
+_TRAJ_FIELDS = ("key", "first", "last", "first_row", "last_row", "last_seg", "gen")
+_SEG_FIELDS = ("lo", "hi", "back", "fwd")
+
+
+@dataclass(frozen=True)
+class WriteReport:
+    """What one write changed, for the samplers to update their own structures in O(batch).
+
+    Attributes:
+        evicted_rows: rows that stopped being live (overwritten), oldest first.
+        head_slots: trajectories that lost their oldest steps but still have live rows.
+        head_old_first: the first live step of each of ``head_slots`` before the write.
+        freed_slots: trajectories that have no live row left (their slot may be reused).
+        new_rows: the rows written, in write order.
+        touched_slots: the trajectories that received rows.
+    """
+
+    evicted_rows: np.ndarray
+    head_slots: np.ndarray
+    head_old_first: np.ndarray
+    freed_slots: np.ndarray
+    new_rows: np.ndarray
+    touched_slots: np.ndarray
+
+
+class ReplayIndex:
+    """The incremental trajectory index of a ring of ``capacity`` rows (see module docs).
+
+    Args:
+        capacity: number of rows of the ring.
+        row_key: optional int64 array of ``capacity`` elements to hold each row's trajectory
+            key (a memory-mapped storage passes a file-backed array so the keys survive a
+            crash and the index can be rebuilt from them).
+    """
+
+    def __init__(self, capacity: int, row_key: np.ndarray | None = None) -> None:
+        if capacity < 1:
+            raise ValueError(f"capacity must be >= 1, got {capacity}")
+        self.capacity = capacity
+        self.row_key = row_key if row_key is not None else np.full(capacity, -1, dtype=I64)
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget everything (the rows' keys are left as they are)."""
+        C = self.capacity
+        self.row_slot = np.full(C, -1, dtype=I64)
+        self.row_step = np.zeros(C, dtype=I64)
+        self.row_seg = np.full(C, -1, dtype=I64)
+        self.traj = Pool(_TRAJ_FIELDS)
+        self.traj.a["gen"].fill(0)
+        self.seg = Pool(_SEG_FIELDS)
+        self.keys = KeyMap()
+        self.write_count = 0
+        self.lo = 0
+
+    # ------------------------------------------------------------------ queries
+    def __len__(self) -> int:
+        return self.write_count - self.lo
+
+    @property
+    def num_trajectories(self) -> int:
+        """Trajectories with at least one live row."""
+        return self.traj.n_used
+
+    def live_rows(self) -> np.ndarray:
+        """Physical rows of the live data, oldest first."""
+        return np.arange(self.lo, self.write_count, dtype=I64) % self.capacity
+
+    def live_slots(self) -> np.ndarray:
+        """Slots of the live trajectories (ascending)."""
+        return np.flatnonzero(self.traj.a["key"] >= 0).astype(I64)
+
+    def describe(self, row: int) -> tuple[int, int]:
+        """``(trajectory key, step)`` of a live row (steps count from the trajectory's first
+        stored step; they stay put when older steps are overwritten)."""
+        slot = int(self.row_slot[row])
+        if slot < 0:
+            raise IndexError(f"row {row} holds no live data")
+        return int(self.traj.a["key"][slot]), int(self.row_step[row])
+
+    def global_position(self, rows: np.ndarray) -> np.ndarray:
+        """The global write position of live ``rows``."""
+        return self.write_count - 1 - ((self.write_count - 1 - rows) % self.capacity)
+
+    def steps_before(self, rows: np.ndarray) -> np.ndarray:
+        """How many live steps of its trajectory precede each row (0 at the first live step)."""
+        return self.row_step[rows] - self.traj.a["first"][self.row_slot[rows]]
+
+    def steps_after(self, rows: np.ndarray) -> np.ndarray:
+        """How many steps of its trajectory follow each row (0 at the last stored step)."""
+        return self.traj.a["last"][self.row_slot[rows]] - self.row_step[rows]
+
+    def rows_back(self, anchor: np.ndarray, offset: np.ndarray) -> np.ndarray:
+        """The row ``offset`` steps before ``anchor`` in the same trajectory.
+
+        ``offset`` must not exceed :meth:`steps_before` (the walk never leaves live data). Cost:
+        one vectorised pass per segment boundary crossed (usually zero or one).
+        """
+        S = self.seg.a
+        seg = self.row_seg[anchor]
+        span = anchor - S["lo"][seg]
+        out = anchor - offset
+        far = offset > span
+        if not far.any():
+            return out
+        idx = np.flatnonzero(far)
+        rem = offset[idx] - span[idx] - 1
+        seg = S["back"][seg[idx]]
+        while True:
+            hi = S["hi"][seg]
+            span = hi - S["lo"][seg]
+            far = rem > span
+            done = ~far
+            out[idx[done]] = hi[done] - rem[done]
+            if not far.any():
+                return out
+            idx, rem, seg = idx[far], rem[far] - span[far] - 1, S["back"][seg[far]]
+
+    def rows_forward(self, anchor: np.ndarray, offset: np.ndarray) -> np.ndarray:
+        """The row ``offset`` steps after ``anchor`` (``offset <= steps_after(anchor)``)."""
+        S = self.seg.a
+        seg = self.row_seg[anchor]
+        span = S["hi"][seg] - anchor
+        out = anchor + offset
+        far = offset > span
+        if not far.any():
+            return out
+        idx = np.flatnonzero(far)
+        rem = offset[idx] - span[idx] - 1
+        seg = S["fwd"][seg[idx]]
+        while True:
+            lo = S["lo"][seg]
+            span = S["hi"][seg] - lo
+            far = rem > span
+            done = ~far
+            out[idx[done]] = lo[done] + rem[done]
+            if not far.any():
+                return out
+            idx, rem, seg = idx[far], rem[far] - span[far] - 1, S["fwd"][seg[far]]
+
+    def window_rows(self, end: np.ndarray, length: np.ndarray, width: int) -> np.ndarray:
+        """``[len(end), width]`` rows: row ``i`` holds the ``length[i]`` steps ending at
+        ``end[i]`` (oldest first, left-aligned), then ``-1`` padding."""
+        j = np.arange(width, dtype=I64)
+        back = (length - 1)[:, None] - j  # steps before the end row
+        valid = back >= 0
+        S = self.seg.a
+        span = end - S["lo"][self.row_seg[end]]
+        if (length - 1 <= span).all():  # every window lies in one segment: plain arithmetic
+            rows = end[:, None] - back
+        else:
+            rows = np.broadcast_to(end[:, None], back.shape).copy()
+            rows[valid] = self.rows_back(rows[valid], back[valid])
+        rows[~valid] = -1
+        return rows
+
+    # ------------------------------------------------------------------ writes
+    def write(self, keys: np.ndarray) -> WriteReport:
+        """Append rows with trajectory ``keys`` (int64, write order) at the write cursor.
+
+        When more rows than the capacity arrive, only the last ``capacity`` are kept (the
+        others are counted in ``write_count`` but never live).
+        """
+        n = keys.size
+        evicted, head_slots, head_old, freed = self._evict(n)
+        if n > self.capacity:
+            self.write_count += n - self.capacity
+            keys = keys[n - self.capacity :]
+        rows, touched = self._insert(keys)
+        return WriteReport(evicted, head_slots, head_old, freed, rows, touched)
+
+    def rows_for_write(self, n: int) -> np.ndarray:
+        """The physical rows the next ``write`` of ``n`` keys will fill (write order)."""
+        start = self.write_count + max(n - self.capacity, 0)
+        return (start + np.arange(min(n, self.capacity), dtype=I64)) % self.capacity
+
+    def _evict(self, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        new_lo = max(self.lo, self.write_count + n - self.capacity)
+        stop = min(new_lo, self.write_count)
+        if stop <= self.lo:
+            self.lo = max(self.lo, new_lo)
+            return EMPTY, EMPTY, EMPTY, EMPTY
+        rows = np.arange(self.lo, stop, dtype=I64) % self.capacity
+        slots = self.row_slot[rows]
+        if (slots < 0).any():  # defensive: holes are never inside [lo, write_count)
+            rows, slots = rows[slots >= 0], slots[slots >= 0]
+        T, S = self.traj.a, self.seg.a
+        # The last evicted row of each trajectory: its highest evicted step.
+        rev_slots = slots[::-1]
+        uniq, first_rev = np.unique(rev_slots, return_index=True)
+        last_row = rows[rows.size - 1 - first_rev]
+        last_step = self.row_step[last_row]
+        whole = last_step == T["last"][uniq]
+        freed, part = uniq[whole], uniq[~whole]
+        part_row = last_row[~whole]
+        head_old = T["first"][part].copy()
+        T["first"][part] = last_step[~whole] + 1
+        # The successor of the last evicted row becomes the trajectory's first live row.
+        seg = self.row_seg[part_row]
+        succ = part_row + 1
+        at_end = part_row == S["hi"][seg]
+        succ[at_end] = S["lo"][S["fwd"][seg[at_end]]]
+        T["first_row"][part] = succ
+        # Segments whose last row goes are gone entirely; unlink them from their successors.
+        ev_seg = self.row_seg[rows]
+        dead = ev_seg[rows == S["hi"][ev_seg]]
+        nxt = S["fwd"][dead]
+        S["back"][nxt[nxt >= 0]] = -1
+        self.seg.release(dead)
+        self.keys.remove(np.sort(T["key"][freed]))
+        T["key"][freed] = -1  # marks the slot free
+        self.traj.release(freed)
+        self.row_slot[rows] = -1
+        self.lo = new_lo
+        return rows, part, head_old, freed
+
+    def _insert(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        n = keys.size
+        if n == 0:
+            return EMPTY, EMPTY
+        C = self.capacity
+        a0 = self.write_count % C
+        rows = (a0 + np.arange(n, dtype=I64)) % C
+        # Runs: maximal stretches of one key that do not cross the ring seam.
+        brk = np.empty(n, dtype=bool)
+        brk[0] = True
+        np.not_equal(keys[1:], keys[:-1], out=brk[1:])
+        if 0 < C - a0 < n:
+            brk[C - a0] = True
+        run_start = np.flatnonzero(brk)
+        run_len = np.diff(np.append(run_start, n))
+        R = run_start.size
+        uk, inv = np.unique(keys[run_start], return_inverse=True)
+        inv = inv.reshape(-1)
+        T, S = self.traj.a, self.seg.a
+        slot_u = self.keys.lookup(uk)
+        new_u = slot_u < 0
+        if new_u.any():
+            fresh = self.traj.alloc(int(new_u.sum()))
+            slot_u[new_u] = fresh
+            T["key"][fresh] = uk[new_u]
+            T["first"][fresh] = 0
+            T["last"][fresh] = -1
+            T["first_row"][fresh] = -1
+            T["last_row"][fresh] = -1
+            T["last_seg"][fresh] = -1
+            T["gen"][fresh] += 1
+            self.keys.assign(uk[new_u], fresh)
+        # Work on runs grouped by trajectory (stable: in write order within a trajectory).
+        order = np.argsort(inv, kind="stable")
+        g = inv[order]
+        slot = slot_u[g]
+        first_g = np.ones(R, dtype=bool)
+        np.not_equal(g[1:], g[:-1], out=first_g[1:])
+        last_g = np.ones(R, dtype=bool)
+        last_g[:-1] = first_g[1:]
+        length = run_len[order]
+        start_row = rows[run_start[order]]
+        end_row = start_row + length - 1
+        excl = np.cumsum(length) - length
+        group_head = np.maximum.accumulate(np.where(first_g, np.arange(R), 0))
+        step0 = T["last"][slot] + 1 + excl - excl[group_head]
+        prev_row = np.empty(R, dtype=I64)
+        prev_row[first_g] = T["last_row"][slot[first_g]]
+        prev_row[~first_g] = end_row[:-1][~first_g[1:]]
+        merge = first_g & (prev_row >= 0) & (prev_row == start_row - 1)
+        seg = np.empty(R, dtype=I64)
+        seg[merge] = T["last_seg"][slot[merge]]
+        new_seg = ~merge
+        seg[new_seg] = self.seg.alloc(int(new_seg.sum()))
+        S = self.seg.a  # the pool may have grown
+        prev_seg = np.empty(R, dtype=I64)
+        prev_seg[first_g] = T["last_seg"][slot[first_g]]
+        prev_seg[~first_g] = seg[:-1][~first_g[1:]]
+        ns, ps = seg[new_seg], prev_seg[new_seg]
+        S["lo"][ns] = start_row[new_seg]
+        S["back"][ns] = ps
+        S["fwd"][ns] = -1
+        S["fwd"][ps[ps >= 0]] = ns[ps >= 0]
+        S["hi"][seg] = end_row
+        # Per-row bookkeeping (back in write order).
+        back_to_run = np.empty(R, dtype=I64)
+        back_to_run[order] = np.arange(R)
+        r_slot, r_step0, r_seg = slot[back_to_run], step0[back_to_run], seg[back_to_run]
+        within = np.arange(n, dtype=I64) - np.repeat(run_start, run_len)
+        self.row_slot[rows] = np.repeat(r_slot, run_len)
+        self.row_step[rows] = np.repeat(r_step0, run_len) + within
+        self.row_seg[rows] = np.repeat(r_seg, run_len)
+        self.row_key[rows] = keys
+        fresh_traj = T["first_row"][slot] < 0
+        T["first_row"][slot[fresh_traj & first_g]] = start_row[fresh_traj & first_g]
+        tail = slot[last_g]
+        T["last"][tail] = step0[last_g] + length[last_g] - 1
+        T["last_row"][tail] = end_row[last_g]
+        T["last_seg"][tail] = seg[last_g]
+        self.write_count += n
+        return rows, slot_u
+
+    # ------------------------------------------------------------------ rebuild / persistence
+    def rebuild(self, lo: int, write_count: int) -> None:
+        """Recompute everything from the stored row keys of global positions
+        ``[lo, write_count)`` (used when a memory-mapped buffer is reopened)."""
+        self.reset()
+        self.write_count = self.lo = lo
+        rows = np.arange(lo, write_count, dtype=I64) % self.capacity
+        keys = self.row_key[rows].copy()
+        self._insert(keys)
+
+    def state_dict(self) -> State:
+        out: State = {
+            "row_slot": self.row_slot,
+            "row_step": self.row_step,
+            "row_seg": self.row_seg,
+            "row_key": np.asarray(self.row_key),
+            "write_count": self.write_count,
+            "lo": self.lo,
+        }
+        out.update(self.traj.state_dict("traj_"))
+        out.update(self.seg.state_dict("seg_"))
+        out.update(self.keys.state_dict("keys_"))
+        return out
+
+    def load_state_dict(self, state: State) -> None:
+        self.row_slot = np.array(state["row_slot"], dtype=I64)
+        self.row_step = np.array(state["row_step"], dtype=I64)
+        self.row_seg = np.array(state["row_seg"], dtype=I64)
+        self.row_key[:] = np.asarray(state["row_key"], dtype=I64)
+        self.write_count = int(state["write_count"])  # type: ignore[arg-type]
+        self.lo = int(state["lo"])  # type: ignore[arg-type]
+        self.traj.load_state_dict(state, "traj_")
+        self.seg.load_state_dict(state, "seg_")
+        self.keys.load_state_dict(state, "keys_")
