@@ -213,13 +213,27 @@ class ReplayIndex:
         if n > self.capacity:
             self.write_count += n - self.capacity
             keys = keys[n - self.capacity :]
-        rows, touched = self._insert(keys)
+        seam = self.capacity - self.write_count % self.capacity
+        if keys.size <= seam:
+            rows, touched = self._insert(keys)
+        else:  # the write wraps: two physically contiguous pieces
+            rows_a, touched_a = self._insert(keys[:seam])
+            rows_b, touched_b = self._insert(keys[seam:])
+            rows = np.concatenate([rows_a, rows_b])
+            touched = np.unique(np.concatenate([touched_a, touched_b]))
         return WriteReport(evicted, head_slots, head_old, freed, rows, touched)
 
     def rows_for_write(self, n: int) -> np.ndarray:
         """The physical rows the next ``write`` of ``n`` keys will fill (write order)."""
         start = self.write_count + max(n - self.capacity, 0)
-        return (start + np.arange(min(n, self.capacity), dtype=I64)) % self.capacity
+        return self._ring(start, min(n, self.capacity))
+
+    def _ring(self, start: int, count: int) -> np.ndarray:
+        """Physical rows of global positions ``start, ..., start + count - 1``."""
+        a = start % self.capacity
+        if a + count <= self.capacity:
+            return np.arange(a, a + count, dtype=I64)
+        return np.arange(a, a + count, dtype=I64) % self.capacity
 
     def _evict(self, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         new_lo = max(self.lo, self.write_count + n - self.capacity)
@@ -227,26 +241,34 @@ class ReplayIndex:
         if stop <= self.lo:
             self.lo = max(self.lo, new_lo)
             return EMPTY, EMPTY, EMPTY, EMPTY
-        rows = np.arange(self.lo, stop, dtype=I64) % self.capacity
+        rows = self._ring(self.lo, stop - self.lo)
         slots = self.row_slot[rows]
         if (slots < 0).any():  # defensive: holes are never inside [lo, write_count)
             rows, slots = rows[slots >= 0], slots[slots >= 0]
         T, S = self.traj.a, self.seg.a
-        # The last evicted row of each trajectory: its highest evicted step.
-        rev_slots = slots[::-1]
-        uniq, first_rev = np.unique(rev_slots, return_index=True)
-        last_row = rows[rows.size - 1 - first_rev]
+        # The last evicted row of each trajectory (its highest evicted step) is the last row
+        # of one of the runs of equal slots; among those runs, keep each slot's last one.
+        run_end = np.flatnonzero(slots[1:] != slots[:-1])
+        cand = np.append(run_end, slots.size - 1)
+        cand_slots = slots[cand]
+        order = np.argsort(cand_slots, kind="stable")
+        sorted_slots = cand_slots[order]
+        last = np.ones(order.size, dtype=bool)
+        np.not_equal(sorted_slots[1:], sorted_slots[:-1], out=last[:-1])
+        uniq = sorted_slots[last]
+        last_row = rows[cand[order[last]]]
         last_step = self.row_step[last_row]
         whole = last_step == T["last"][uniq]
         freed, part = uniq[whole], uniq[~whole]
         part_row = last_row[~whole]
-        head_old = T["first"][part].copy()
+        head_old = T["first"][part]
         T["first"][part] = last_step[~whole] + 1
         # The successor of the last evicted row becomes the trajectory's first live row.
         seg = self.row_seg[part_row]
         succ = part_row + 1
         at_end = part_row == S["hi"][seg]
-        succ[at_end] = S["lo"][S["fwd"][seg[at_end]]]
+        if at_end.any():
+            succ[at_end] = S["lo"][S["fwd"][seg[at_end]]]
         T["first_row"][part] = succ
         # Segments whose last row goes are gone entirely; unlink them from their successors.
         ev_seg = self.row_seg[rows]
@@ -254,45 +276,103 @@ class ReplayIndex:
         nxt = S["fwd"][dead]
         S["back"][nxt[nxt >= 0]] = -1
         self.seg.release(dead)
-        self.keys.remove(np.sort(T["key"][freed]))
-        T["key"][freed] = -1  # marks the slot free
-        self.traj.release(freed)
+        if freed.size:
+            self.keys.remove(np.sort(T["key"][freed]))
+            T["key"][freed] = -1  # marks the slot free
+            self.traj.release(freed)
         self.row_slot[rows] = -1
         self.lo = new_lo
         return rows, part, head_old, freed
 
+    def _new_slots(self, keys: np.ndarray) -> np.ndarray:
+        """Allocate and initialise slots for (unique, absent) ``keys``."""
+        fresh = self.traj.alloc(keys.size)
+        T = self.traj.a
+        T["key"][fresh] = keys
+        T["first"][fresh] = 0
+        T["last"][fresh] = -1
+        T["first_row"][fresh] = -1
+        T["last_row"][fresh] = -1
+        T["last_seg"][fresh] = -1
+        T["gen"][fresh] += 1
+        order = np.argsort(keys)
+        self.keys.assign(keys[order], fresh[order])
+        return fresh
+
     def _insert(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Insert ``keys`` at the write cursor; the rows must not cross the ring seam."""
         n = keys.size
         if n == 0:
             return EMPTY, EMPTY
-        C = self.capacity
-        a0 = self.write_count % C
-        rows = (a0 + np.arange(n, dtype=I64)) % C
-        # Runs: maximal stretches of one key that do not cross the ring seam.
+        a0 = self.write_count % self.capacity
+        rows = np.arange(a0, a0 + n, dtype=I64)
+        brk = np.flatnonzero(keys[1:] != keys[:-1])
+        run_start = np.empty(brk.size + 1, dtype=I64)
+        run_start[0] = 0
+        run_start[1:] = brk + 1
+        run_keys = keys[run_start]
+        sorted_keys = np.sort(run_keys)
+        if (sorted_keys[1:] == sorted_keys[:-1]).any():
+            return rows, self._insert_interleaved(keys, rows)
+        # Fast path: each trajectory occupies one run of this write.
+        run_len = np.empty(run_start.size, dtype=I64)
+        np.subtract(run_start[1:], run_start[:-1], out=run_len[:-1])
+        run_len[-1] = n - run_start[-1]
+        T = self.traj.a
+        slot = self.keys.lookup(run_keys)
+        new = slot < 0
+        if new.any():
+            slot[new] = self._new_slots(run_keys[new])
+            T = self.traj.a
+        start_row = a0 + run_start
+        end_row = start_row + run_len - 1
+        step0 = T["last"][slot] + 1
+        prev_row = T["last_row"][slot]
+        prev_seg = T["last_seg"][slot]
+        merge = (prev_row >= 0) & (prev_row == start_row - 1)
+        seg = prev_seg.copy()
+        fresh = ~merge
+        n_fresh = int(fresh.sum())
+        if n_fresh:
+            ids = self.seg.alloc(n_fresh)
+            seg[fresh] = ids
+            S = self.seg.a
+            back = prev_seg[fresh]
+            S["lo"][ids] = start_row[fresh]
+            S["back"][ids] = back
+            S["fwd"][ids] = -1
+            linked = back >= 0
+            S["fwd"][back[linked]] = ids[linked]
+        S = self.seg.a
+        S["hi"][seg] = end_row
+        self.row_slot[a0 : a0 + n] = np.repeat(slot, run_len)
+        self.row_step[a0 : a0 + n] = np.repeat(step0 - run_start, run_len) + np.arange(n)
+        self.row_seg[a0 : a0 + n] = np.repeat(seg, run_len)
+        self.row_key[a0 : a0 + n] = keys
+        if new.any():
+            T["first_row"][slot[new]] = start_row[new]
+        T["last"][slot] = step0 + run_len - 1
+        T["last_row"][slot] = end_row
+        T["last_seg"][slot] = seg
+        self.write_count += n
+        return rows, slot
+
+    def _insert_interleaved(self, keys: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        """General insertion: a trajectory may occupy several runs of this write."""
+        n = keys.size
         brk = np.empty(n, dtype=bool)
         brk[0] = True
         np.not_equal(keys[1:], keys[:-1], out=brk[1:])
-        if 0 < C - a0 < n:
-            brk[C - a0] = True
         run_start = np.flatnonzero(brk)
         run_len = np.diff(np.append(run_start, n))
         R = run_start.size
         uk, inv = np.unique(keys[run_start], return_inverse=True)
         inv = inv.reshape(-1)
-        T, S = self.traj.a, self.seg.a
         slot_u = self.keys.lookup(uk)
         new_u = slot_u < 0
         if new_u.any():
-            fresh = self.traj.alloc(int(new_u.sum()))
-            slot_u[new_u] = fresh
-            T["key"][fresh] = uk[new_u]
-            T["first"][fresh] = 0
-            T["last"][fresh] = -1
-            T["first_row"][fresh] = -1
-            T["last_row"][fresh] = -1
-            T["last_seg"][fresh] = -1
-            T["gen"][fresh] += 1
-            self.keys.assign(uk[new_u], fresh)
+            slot_u[new_u] = self._new_slots(uk[new_u])
+        T = self.traj.a
         # Work on runs grouped by trajectory (stable: in write order within a trajectory).
         order = np.argsort(inv, kind="stable")
         g = inv[order]
@@ -341,7 +421,7 @@ class ReplayIndex:
         T["last_row"][tail] = end_row[last_g]
         T["last_seg"][tail] = seg[last_g]
         self.write_count += n
-        return rows, slot_u
+        return slot_u
 
     # ------------------------------------------------------------------ rebuild / persistence
     def rebuild(self, lo: int, write_count: int) -> None:
@@ -349,9 +429,8 @@ class ReplayIndex:
         ``[lo, write_count)`` (used when a memory-mapped buffer is reopened)."""
         self.reset()
         self.write_count = self.lo = lo
-        rows = np.arange(lo, write_count, dtype=I64) % self.capacity
-        keys = self.row_key[rows].copy()
-        self._insert(keys)
+        keys = self.row_key[self._ring(lo, write_count - lo)].copy()
+        self.write(keys)
 
     def state_dict(self) -> State:
         out: State = {
