@@ -79,7 +79,9 @@ def to_tensordict(flat: dict[Key, Tensor], batch: tuple[int, ...]) -> TensorDict
 def _marker(m: np.ndarray, p: Plan, like: Tensor | None = None) -> Tensor:
     """A ``[S, W]`` boolean marker laid out like the output (and like ``like``'s dims)."""
     flat = m[p.select] if p.select is not None else m.reshape(p.batch)
-    out = torch.from_numpy(np.ascontiguousarray(flat))
+    if not (flat.flags.writeable and flat.flags.c_contiguous):
+        flat = flat.copy()
+    out = torch.from_numpy(flat)
     if like is not None:
         out = out.view(*out.shape, *([1] * (like.dim() - out.dim())))
     return out
@@ -107,7 +109,9 @@ def build(
         _mark_ends(out, end, valid if padded else None, p, sampler.truncated_key)
     if sampler.init_key is not None and sampler.init_key in out:
         init = out[sampler.init_key]
-        out[sampler.init_key] = init | _marker(np.broadcast_to(j == 0, (S, W)), p, init)
+        start = np.zeros((S, W), dtype=bool)
+        start[:, 0] = True
+        out[sampler.init_key] = init | _marker(start, p, init)
     if shaped or sampler.pad_output:
         out[MASK] = _marker(valid, p)
     if sampler.burn_in:
