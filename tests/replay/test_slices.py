@@ -103,14 +103,12 @@ def test_every_slice_is_a_contiguous_live_piece_of_one_trajectory(
                 )
                 if e == int(sample["episode"][i, 0])
             )
+            rows = torch.from_numpy(rb.index.live_rows())
+            stored = rb.storage.gather(rows)
             stored_ts = [
                 int(tt)
-                for gg, tt, ee in zip(
-                    rb.storage.columns[("g",)].tolist(),
-                    rb.storage.columns[("t",)].tolist(),
-                    rb.storage.columns[("episode",)].tolist(),
-                )
-                if gg in live and ee == int(sample["episode"][i, 0])
+                for tt, ee in zip(stored[("t",)].tolist(), stored[("episode",)].tolist())
+                if ee == int(sample["episode"][i, 0])
             ]
             assert first_t == min(stored_ts)
         end = int(valid[i].sum()) - 1
@@ -213,7 +211,7 @@ def _chi2_ok(counts: np.ndarray, probs: np.ndarray) -> bool:
 def test_transition_weighting_matches_transition_counts() -> None:
     rb = _trajectory_buffer("transition")
     s = rb.sample(as_sequences=True)
-    ends = s["pos"][:, -1]
+    ends = s["pos"][:, -1].contiguous()
     # Eligible ends: 1 in the 4-step trajectory, 17 in the 20-step one, 73 in the 76-step one.
     traj = torch.bucketize(ends, torch.tensor([4, 24]), right=True)
     counts = np.bincount(traj.numpy(), minlength=3)
@@ -227,7 +225,7 @@ def test_transition_weighting_matches_transition_counts() -> None:
 def test_trajectory_weighting_is_torchrl_uniform_over_trajectories() -> None:
     rb = _trajectory_buffer("trajectory")
     s = rb.sample(as_sequences=True)
-    traj = torch.bucketize(s["pos"][:, -1], torch.tensor([4, 24]), right=True)
+    traj = torch.bucketize(s["pos"][:, -1].contiguous(), torch.tensor([4, 24]), right=True)
     counts = np.bincount(traj.numpy(), minlength=3)
     assert _chi2_ok(counts, np.array([1, 1, 1]) / 3)
 

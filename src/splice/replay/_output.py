@@ -128,9 +128,9 @@ def build(
     if draw.weight is not None:
         weight = torch.from_numpy(draw.weight.astype(np.float32))
         info["priority_weight"] = weight
-        per_step = np.broadcast_to(draw.weight.astype(np.float32)[:, None], (S, W))
+        per_step = np.repeat(draw.weight.astype(np.float32)[:, None], W, axis=1)
         out[PRIORITY_WEIGHT] = torch.from_numpy(
-            np.ascontiguousarray(per_step[p.select] if p.select is not None else per_step)
+            per_step[p.select] if p.select is not None else per_step
         ).reshape(p.batch)
     if sampler.state_keys:
         info["initial_state"] = _initial_state(columns, draw, p, sampler.state_keys, (S, W))

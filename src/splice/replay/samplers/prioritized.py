@@ -167,8 +167,8 @@ class PrioritizedSliceSampler(SliceSampler):
         """Set per-step priorities at storage rows ``index`` and re-score affected slices.
 
         ``priority`` has the shape of ``index`` or broadcasts to it (one value per slice for a
-        ``[num_slices, width]`` index). Rows that are padding (-1) or were overwritten since
-        they were sampled are ignored.
+        ``[num_slices, width]`` index). Padding (-1) and rows holding no data are ignored; as
+        in TorchRL, a row overwritten since it was sampled passes the priority to its new step.
         """
         idx = np.asarray(index, dtype=I64)
         prio = np.broadcast_to(np.asarray(priority, dtype=np.float64), idx.shape)
