@@ -64,7 +64,7 @@ def test_index_matches_model(capacity: int, writes: list[list[tuple[int, int]]])
             assert ix.steps_before(r).tolist() == list(range(len(rows)))
             assert ix.steps_after(r).tolist() == list(range(len(rows) - 1, -1, -1))
             width = len(rows) + 2
-            win = ix.window_rows(r[-1:], np.array([len(rows)]), width)
+            win = ix.window_rows(r[-1:], 0, np.array([len(rows)]), width)
             assert win[0].tolist() == [*rows, -1, -1]
         dead = set(range(capacity)) - {p % capacity for _, p in model.pos}
         assert all(ix.row_slot[d] < 0 for d in dead)

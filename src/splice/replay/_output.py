@@ -100,18 +100,19 @@ def build(
     assert isinstance(sampler, SliceSampler) and draw.length is not None
     assert draw.burn is not None
     S, W = rows.shape
+    n_out = int(np.prod(p.batch))
+    if p.select is None:  # one row of W positions per slice
+        first = np.arange(S) * W
+    else:  # real steps only, slice after slice
+        first = np.cumsum(draw.length) - draw.length
+    last = first + draw.length - 1
     j = np.arange(W)
-    length = draw.length[:, None]
-    valid = j < length
-    end = j == length - 1
-    padded = p.select is None and not bool(valid.all())
+    valid = j < draw.length[:, None]
+    padding = None if p.select is not None or bool(valid.all()) else ~valid.reshape(-1)
     if sampler.truncated_key is not None:
-        _mark_ends(out, end, valid if padded else None, p, sampler.truncated_key)
+        _mark_ends(out, last, padding, p.batch, sampler.truncated_key)
     if sampler.init_key is not None and sampler.init_key in out:
-        init = out[sampler.init_key]
-        start = np.zeros((S, W), dtype=bool)
-        start[:, 0] = True
-        out[sampler.init_key] = init | _marker(start, p, init)
+        out[sampler.init_key].numpy().reshape(n_out, -1)[first] = True
     if shaped or sampler.pad_output:
         out[MASK] = _marker(valid, p)
     if sampler.burn_in:
@@ -126,59 +127,62 @@ def build(
         "burn_in": torch.from_numpy(draw.burn),
     }
     if draw.weight is not None:
-        weight = torch.from_numpy(draw.weight.astype(np.float32))
-        info["priority_weight"] = weight
-        per_step = np.repeat(draw.weight.astype(np.float32)[:, None], W, axis=1)
+        weight = draw.weight.astype(np.float32)
+        info["priority_weight"] = torch.from_numpy(weight)
+        per_step = np.repeat(weight[:, None], W, axis=1)
         out[PRIORITY_WEIGHT] = torch.from_numpy(
             per_step[p.select] if p.select is not None else per_step
         ).reshape(p.batch)
     if sampler.state_keys:
-        info["initial_state"] = _initial_state(columns, draw, p, sampler.state_keys, (S, W))
+        info["initial_state"] = _initial_state(columns, first, sampler.state_keys, S)
     return to_tensordict(out, p.batch), info
 
 
 def _mark_ends(
-    out: dict[Key, Tensor], end: np.ndarray, valid: np.ndarray | None, p: Plan, key: Key
+    out: dict[Key, Tensor],
+    last: np.ndarray,
+    padding: np.ndarray | None,
+    batch: tuple[int, ...],
+    key: Key,
 ) -> None:
-    """TorchRL's slice-end marks, plus clearing collector cuts inside a slice."""
+    """TorchRL's slice-end marks, plus clearing the collector cuts a slice runs through.
+
+    ``last``: output positions of the slices' last real steps; ``padding``: padded positions
+    (None: none). Works in place on the freshly gathered flags, through numpy views.
+    """
+    n = int(np.prod(batch))
     done_key = (*key[:-1], "done")
     terminated_key = (*key[:-1], "terminated")
-    like = next((out[k] for k in (key, done_key, terminated_key) if k in out), None)
-    end_t = _marker(end, p, like) if like is not None else _marker(end, p).unsqueeze(-1)
-    inside: Tensor | None = None  # collector cuts that a slice runs through
+    inside: np.ndarray | None = None  # collector cuts inside a slice: not an end there
     if CUT in out:
-        cut = out[CUT]
-        inside = cut & ~_marker(end, p)
-        out[CUT] = cut & ~inside
-        inside = inside.view(*inside.shape, *([1] * (end_t.dim() - inside.dim())))
-    truncated = end_t.clone()
-    if key in out:
-        stored = out[key]
-        truncated |= stored if inside is None else stored & ~inside
-    done = truncated.clone()
-    if done_key in out:
-        stored = out[done_key]
-        done |= stored if inside is None else stored & ~inside
-    terminated = out[terminated_key] if terminated_key in out else torch.zeros_like(truncated)
-    if valid is not None:
-        real = _marker(valid, p, truncated)
-        truncated &= real
-        done &= real
-        terminated = terminated & real
-    out[key] = truncated
-    out[done_key] = done
-    out[terminated_key] = terminated
+        cut = out[CUT].numpy().reshape(n)
+        at_end = cut[last]
+        inside = cut.copy()
+        inside[last] = False
+        cut[:] = False
+        cut[last] = at_end
+        if padding is not None:
+            cut[padding] = False
+    for name in (key, done_key):
+        if name in out:
+            flag = out[name].numpy().reshape(n, -1)
+            if inside is not None:
+                flag[inside] = False
+        else:
+            flag = np.zeros((n, 1), dtype=bool)
+            out[name] = torch.from_numpy(flag).view(*batch, 1)
+        flag[last] = True
+        if padding is not None:
+            flag[padding] = False
+    if terminated_key not in out:
+        out[terminated_key] = torch.zeros_like(out[key])
+    elif padding is not None:
+        out[terminated_key].numpy().reshape(n, -1)[padding] = False
 
 
 def _initial_state(
-    columns: Columns, draw: Draw, p: Plan, keys: tuple[Key, ...], shape: tuple[int, int]
+    columns: Columns, first: np.ndarray, keys: tuple[Key, ...], S: int
 ) -> TensorDict:
-    S, W = shape
-    assert draw.length is not None
-    if p.select is not None:
-        first = np.cumsum(draw.length) - draw.length
-    else:
-        first = np.arange(S) * W
     pick = torch.from_numpy(first)
     state: dict[Key, Tensor] = {}
     for key in keys:

@@ -283,11 +283,12 @@ class DenseSet:
 
 
 class SegmentTree:
-    """A fan-out-16 tree of float64 leaves keeping subtree sums (or minima).
+    """A fan-out-64 tree of float64 leaves keeping subtree sums (or minima).
 
-    ``set(i, v)`` costs O(k log16 n) for k leaves (parents are recomputed from their children,
+    ``set(i, v)`` costs O(k log n) for k leaves (parents are recomputed from their children,
     so rounding errors never accumulate); :meth:`find` descends the sum tree for a batch of
-    prefix sums in O(batch log16 n). Depth for a million leaves: 5.
+    prefix sums in O(batch log n). Depth for a million leaves: 4 (wide nodes: few numpy
+    calls per level).
 
     Examples:
         >>> t = SegmentTree(40, "sum")
@@ -302,7 +303,7 @@ class SegmentTree:
         1.0
     """
 
-    FANOUT = 16
+    FANOUT = 64
 
     def __init__(self, n: int, op: str) -> None:
         if op not in ("sum", "min"):
@@ -349,11 +350,12 @@ class SegmentTree:
         u = prefix.astype(np.float64, copy=True)
         arange = np.arange(F)
         for depth in range(len(self.levels) - 1, 0, -1):
-            child_idx = (node * F)[:, None] + arange
-            cums = np.cumsum(self.levels[depth - 1][child_idx], axis=1)
-            j = np.minimum((cums <= u[:, None]).sum(axis=1), F - 1)
-            u -= np.where(j > 0, cums[np.arange(node.size), j - 1], 0.0)
-            node = node * F + j
+            base = node * F
+            cums = np.cumsum(self.levels[depth - 1][base[:, None] + arange], axis=1)
+            below = cums <= u[:, None]
+            j = np.minimum(below.sum(axis=1), F - 1)
+            u -= (cums * below).max(axis=1)  # the running sum before child j
+            node = base + j
         return node
 
     def clear(self) -> None:

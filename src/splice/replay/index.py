@@ -33,6 +33,8 @@ Examples:
     [(7, 4), (7, 1), (7, 2), (8, 0), (8, 1), (7, 3)]
     >>> ix.rows_back(np.array([0]), np.array([3])).tolist()  # 3 steps before (7, 4): (7, 1)
     [1]
+    >>> ix.window_rows(np.array([0]), 1, np.array([3]), 4).tolist()  # 3 steps ending at (7, 3)
+    [[1, 2, 5, -1]]
 """
 
 from __future__ import annotations
@@ -185,18 +187,19 @@ class ReplayIndex:
                 return out
             idx, rem, seg = idx[far], rem[far] - span[far] - 1, S["fwd"][seg[far]]
 
-    def window_rows(self, end: np.ndarray, length: np.ndarray, width: int) -> np.ndarray:
-        """``[len(end), width]`` rows: row ``i`` holds the ``length[i]`` steps ending at
-        ``end[i]`` (oldest first, left-aligned), then ``-1`` padding."""
+    def window_rows(
+        self, anchor: np.ndarray, offset: np.ndarray | int, length: np.ndarray, width: int
+    ) -> np.ndarray:
+        """``[len(anchor), width]`` rows: row ``i`` holds the ``length[i]`` steps that end
+        ``offset[i]`` steps before ``anchor[i]``, oldest first (left-aligned), then -1."""
         j = np.arange(width, dtype=I64)
-        back = (length - 1)[:, None] - j  # steps before the end row
-        valid = back >= 0
-        S = self.seg.a
-        span = end - S["lo"][self.row_seg[end]]
-        if (length - 1 <= span).all():  # every window lies in one segment: plain arithmetic
-            rows = end[:, None] - back
+        back = (offset + length - 1)[:, None] - j  # steps before the anchor row
+        valid = j < length[:, None]
+        span = anchor - self.seg.a["lo"][self.row_seg[anchor]]
+        if (offset + length - 1 <= span).all():  # every window lies in one segment
+            rows = anchor[:, None] - back
         else:
-            rows = np.broadcast_to(end[:, None], back.shape).copy()
+            rows = np.broadcast_to(anchor[:, None], back.shape).copy()
             rows[valid] = self.rows_back(rows[valid], back[valid])
         rows[~valid] = -1
         return rows

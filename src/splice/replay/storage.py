@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from splice.replay._batch import Columns, Schema
+from splice.replay._batch import Columns, Key, Schema
 from splice.replay._files import file_tensor, read_json, write_json_atomic
 from splice.replay._structures import I64
 
@@ -44,6 +44,7 @@ class Storage:
         self.device = torch.device(device)
         self.schema: Schema | None = None
         self.columns: Columns = {}
+        self._np: dict[Key, np.ndarray] = {}
         self.row_key = np.full(max_size, -1, dtype=I64)
         self._owner: object | None = None
         # Test hook: called with "marked" and "written" during a write (crash tests).
@@ -66,6 +67,18 @@ class Storage:
             for i, (key, (dtype, shape)) in enumerate(schema.entries.items())
         }
         self.schema = schema
+        self._numpy_views()
+
+    def _numpy_views(self) -> None:
+        # numpy's take is faster than index_select for the small gathers of a sample.
+        self._np: dict[Key, np.ndarray] = {}
+        if self.device.type != "cpu":
+            return
+        for key, col in self.columns.items():
+            try:
+                self._np[key] = col.numpy()
+            except TypeError:  # dtypes numpy lacks (bfloat16, ...) use torch
+                pass
 
     # ------------------------------------------------------------------ data
     def write(self, start_row: int, columns: Columns) -> None:
@@ -82,9 +95,19 @@ class Storage:
                 dest[: n - head].copy_(src[head:])
 
     def gather(self, rows: Tensor) -> Columns:
-        """The given rows of every column (``rows``: int64, any values in range)."""
-        if rows.device != self.device:
-            rows = rows.to(self.device)
+        """The given rows of every column (``rows``: int64 on the CPU, values in range)."""
+        if self.device.type == "cpu":
+            rows_np = rows.numpy()
+            out: Columns = {}
+            for key, col in self.columns.items():
+                arr = self._np.get(key)
+                out[key] = (
+                    torch.from_numpy(np.take(arr, rows_np, axis=0))
+                    if arr is not None
+                    else col.index_select(0, rows)
+                )
+            return out
+        rows = rows.to(self.device)
         return {key: col.index_select(0, rows) for key, col in self.columns.items()}
 
     # ------------------------------------------------------------------ durability hooks
@@ -203,6 +226,7 @@ class LazyMemmapStorage(Storage):
                 key: self._map(f"col_{i:03d}.bin", dtype, (self.max_size, *shape), False)
                 for i, (key, (dtype, shape)) in enumerate(self.schema.entries.items())
             }
+            self._numpy_views()
         self._seq = int(meta["seq"])  # type: ignore[call-overload]
         self._meta = meta
 

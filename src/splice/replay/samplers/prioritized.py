@@ -141,7 +141,9 @@ class PrioritizedSliceSampler(SliceSampler):
         new = report.new_rows
         self._add_items(new[self._eligible(new, length)])
 
-    def _pick(self, count: int, length: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _pick(
+        self, count: int, length: int
+    ) -> tuple[np.ndarray, np.ndarray | int, np.ndarray, np.ndarray]:
         index = self.index
         if len(index) == 0:
             raise RuntimeError("cannot sample from an empty replay buffer")
@@ -155,7 +157,7 @@ class PrioritizedSliceSampler(SliceSampler):
                 break
             ends[empty] = self._sum.find(self._uniform(int(empty.sum())) * total)
         before = index.steps_before(ends)
-        return ends, before, np.minimum(before + 1, length)
+        return ends, 0, before, np.minimum(before + 1, length)
 
     def _draw(self, batch_size: int) -> Draw:
         draw = super()._draw(batch_size)
@@ -205,7 +207,7 @@ class PrioritizedSliceSampler(SliceSampler):
         if ends.size == 0:
             return
         train = np.minimum(index.steps_before(ends) + 1, length)
-        window = index.window_rows(ends, train, length)
+        window = index.window_rows(ends, 0, train, length)
         valid = window >= 0
         p = np.where(valid, self._step_priority[np.where(valid, window, 0)], 0.0)
         seq = self.eta * p.max(axis=1) + (1 - self.eta) * p.sum(axis=1) / train

@@ -274,8 +274,11 @@ class SliceSampler(Sampler):
             f"strict_length=True): extend the buffer first, or pass strict_length=False"
         )
 
-    def _pick(self, count: int, length: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """``count`` slice ends: ``(end rows, steps stored before each end, training length)``."""
+    def _pick(
+        self, count: int, length: int
+    ) -> tuple[np.ndarray, np.ndarray | int, np.ndarray, np.ndarray]:
+        """``count`` slices: ``(anchor rows, offset of each slice's end before its anchor,
+        steps stored before each end, training length)``."""
         index = self.index
         if len(index) == 0:
             raise RuntimeError("cannot sample from an empty replay buffer")
@@ -290,30 +293,28 @@ class SliceSampler(Sampler):
             if n == 0:
                 raise self._no_slice_error(length)
             ends = self._ends.items[self._randint(n, count)]
-            return ends, index.steps_before(ends), np.full(count, length, dtype=I64)
+            return ends, 0, index.steps_before(ends), np.full(count, length, dtype=I64)
         ends = (index.lo + self._randint(len(index), count)) % index.capacity
         before = index.steps_before(ends)
-        return ends, before, np.minimum(before + 1, length)
+        return ends, 0, before, np.minimum(before + 1, length)
 
     def _end_in_trajectory(
         self, slots: np.ndarray, length: int
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """A uniform slice position inside each of ``slots`` (TorchRL's rule)."""
-        index = self.index
-        T = index.traj.a
+        T = self.index.traj.a
         avail = T["last"][slots] - T["first"][slots] + 1
         train = np.minimum(avail, length)
         back = self._randint(avail - train + 1, slots.size)  # steps after the slice's end
-        ends = index.rows_back(T["last_row"][slots], back)
-        return ends, avail - 1 - back, train
+        return T["last_row"][slots], back, avail - 1 - back, train
 
     def _draw(self, batch_size: int) -> Draw:
         count, length = self.shape_for(batch_size)
         self._ensure(length)
-        ends, before, train = self._pick(count, length)
+        anchor, offset, before, train = self._pick(count, length)
         burn = np.minimum(self.burn_in, before - (train - 1))
         total = burn + train
-        rows = self.index.window_rows(ends, total, self.burn_in + length)
+        rows = self.index.window_rows(anchor, offset, total, self.burn_in + length)
         return Draw(rows=rows, length=total, burn=burn)
 
     # ------------------------------------------------------------------ persistence
@@ -424,7 +425,9 @@ class SliceSamplerWithoutReplacement(SliceSampler):
             need -= ok.size
         return np.concatenate(got) if got else EMPTY
 
-    def _pick(self, count: int, length: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _pick(
+        self, count: int, length: int
+    ) -> tuple[np.ndarray, np.ndarray | int, np.ndarray, np.ndarray]:
         index = self.index
         if len(index) == 0:
             raise RuntimeError("cannot sample from an empty replay buffer")
@@ -447,7 +450,7 @@ class SliceSamplerWithoutReplacement(SliceSampler):
             return self._end_in_trajectory(items, length)
         ends = items % index.capacity
         before = index.steps_before(ends)
-        return ends, before, np.minimum(before + 1, length)
+        return ends, 0, before, np.minimum(before + 1, length)
 
     def config(self) -> dict[str, object]:
         out = super().config()
