@@ -223,9 +223,7 @@ def _sample_rows(t: dict[str, Timing]) -> list[list[object]]:
     ]
 
 
-def bench_concurrent(
-    capacity: int, chunks: list[TensorDict], seconds: float
-) -> list[list[object]]:
+def bench_concurrent(capacity: int, chunks: list[TensorDict], seconds: float) -> list[list[object]]:
     """Sample while a background thread extends (1,000 steps per extend, as fast as it can)."""
     rows = []
     makers = {
@@ -300,7 +298,7 @@ def main() -> None:
     args = parser(__doc__ or "").parse_args()
     warnings.filterwarnings("ignore")
     torch.set_num_threads(1)
-    capacity = 50_000 if args.quick else 1_000_000
+    capacity = 20_000 if args.quick else 1_000_000
     rounds = 2 if args.quick else 5
     chunks = list(cartpole_stream(capacity, 20.0).split(CHUNK))
     print(
@@ -336,7 +334,7 @@ def main() -> None:
     print(
         table(
             ["contender", "median sample", "samples/s", "steps written/s"],
-            bench_concurrent(capacity, chunks, 0.5 if args.quick else 3.0),
+            bench_concurrent(capacity, chunks, 0.3 if args.quick else 3.0),
         )
     )
 

@@ -3,17 +3,33 @@
 Examples:
     >>> import splice
     >>> sorted(splice.__all__)[:3]
-    ['LayoutError', 'TrajectoryAssembler', 'cat_trajectories']
+    ['LayoutError', 'LazyMemmapStorage', 'LazyTensorStorage']
 """
 
 from splice import layout
 from splice.layout import LayoutError, validate_batch
+from splice.replay import (
+    LazyMemmapStorage,
+    LazyTensorStorage,
+    PrioritizedSliceSampler,
+    RandomSampler,
+    ReplayBuffer,
+    SliceSampler,
+    SliceSamplerWithoutReplacement,
+)
 from splice.trajectories import TrajectoryAssembler, cat_trajectories, split_trajectories
 
 __version__ = "0.1.0"
 
 __all__ = [
     "LayoutError",
+    "LazyMemmapStorage",
+    "LazyTensorStorage",
+    "PrioritizedSliceSampler",
+    "RandomSampler",
+    "ReplayBuffer",
+    "SliceSampler",
+    "SliceSamplerWithoutReplacement",
     "TrajectoryAssembler",
     "cat_trajectories",
     "layout",

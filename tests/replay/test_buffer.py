@@ -125,7 +125,9 @@ def test_samplers_never_touch_the_global_rng() -> None:
     torch.manual_seed(123)
     expected = torch.rand(3)
     torch.manual_seed(123)
-    rb = ReplayBuffer(storage=LazyTensorStorage(100), sampler=SliceSampler(slice_len=2), batch_size=4)
+    rb = ReplayBuffer(
+        storage=LazyTensorStorage(100), sampler=SliceSampler(slice_len=2), batch_size=4
+    )
     rb.extend(flat(Stream(2, 5.0).chunk(20)))
     rb.sample()
     assert torch.equal(torch.rand(3), expected)

@@ -190,8 +190,9 @@ def test_writer_killed_mid_extend_reopens_at_last_completed_extend(
     stream = Stream(4, 20.0, seed=99)
     stream.g, stream.next_id = last, 10**9
     stream.ep += 10**9
+    before = len(rb)
     rb.extend(stream.chunk(30))
-    assert len(rb) == 1000
+    assert len(rb) == min(1000, before + 120)
 
 
 def test_concurrent_writer_and_sampler_stay_consistent() -> None:

@@ -71,7 +71,9 @@ def test_every_slice_is_a_contiguous_live_piece_of_one_trajectory(
         sampler = SliceSamplerWithoutReplacement(seed=seed, **kwargs)
     else:
         sampler = SliceSampler(weighting=kind, seed=seed, **kwargs)
-    rb = ReplayBuffer(storage=LazyTensorStorage(capacity), sampler=sampler, batch_size=slice_len * 3)
+    rb = ReplayBuffer(
+        storage=LazyTensorStorage(capacity), sampler=sampler, batch_size=slice_len * 3
+    )
     stream = Stream(n_env, mean_len, seed=seed)
     written = fill(rb, stream, chunk, n_chunks, layout)
     live = live_steps(written, capacity)
@@ -98,16 +100,16 @@ def test_every_slice_is_a_contiguous_live_piece_of_one_trajectory(
         if n_burn < burn_in:
             first_t = min(
                 int(t)
-                for g, t, e in zip(
-                    sample["g"][i].tolist(), sample["t"][i].tolist(), sample["episode"][i].tolist()
-                )
+                for t, e in zip(sample["t"][i].tolist(), sample["episode"][i].tolist(), strict=True)
                 if e == int(sample["episode"][i, 0])
             )
             rows = torch.from_numpy(rb.index.live_rows())
             stored = rb.storage.gather(rows)
             stored_ts = [
                 int(tt)
-                for tt, ee in zip(stored[("t",)].tolist(), stored[("episode",)].tolist())
+                for tt, ee in zip(
+                    stored[("t",)].tolist(), stored[("episode",)].tolist(), strict=True
+                )
                 if ee == int(sample["episode"][i, 0])
             ]
             assert first_t == min(stored_ts)
@@ -319,7 +321,9 @@ def test_errors() -> None:
         SliceSampler(slice_len=2, weighting="episode")
     with pytest.raises(ValueError, match="divisible"):
         ReplayBuffer(storage=LazyTensorStorage(10), sampler=SliceSampler(slice_len=3), batch_size=8)
-    rb = ReplayBuffer(storage=LazyTensorStorage(10), sampler=SliceSampler(slice_len=3), batch_size=6)
+    rb = ReplayBuffer(
+        storage=LazyTensorStorage(10), sampler=SliceSampler(slice_len=3), batch_size=6
+    )
     with pytest.raises(RuntimeError, match="empty"):
         rb.sample()
     rb.extend(TensorDict({TRAJ_IDS: torch.tensor([0, 0, 1, 1])}, batch_size=[4]))

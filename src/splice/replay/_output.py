@@ -101,10 +101,8 @@ def build(
     assert draw.burn is not None
     S, W = rows.shape
     n_out = int(np.prod(p.batch))
-    if p.select is None:  # one row of W positions per slice
-        first = np.arange(S) * W
-    else:  # real steps only, slice after slice
-        first = np.cumsum(draw.length) - draw.length
+    # Output position of each slice's first step: rows of W, or real steps back to back.
+    first = np.arange(S) * W if p.select is None else np.cumsum(draw.length) - draw.length
     last = first + draw.length - 1
     j = np.arange(W)
     valid = j < draw.length[:, None]
@@ -118,8 +116,10 @@ def build(
     if sampler.burn_in:
         out[BURN_IN] = _marker(j < draw.burn[:, None], p)
     index_rows = torch.from_numpy(rows)
-    out[INDEX] = index_rows[torch.from_numpy(p.select)] if p.select is not None else (
-        index_rows.reshape(p.batch)
+    out[INDEX] = (
+        index_rows[torch.from_numpy(p.select)]
+        if p.select is not None
+        else (index_rows.reshape(p.batch))
     )
     info: dict[str, object] = {
         "index": index_rows,

@@ -135,6 +135,12 @@ class KeyMap:
         """Set ``map[q[i]] = v[i]``; ``q`` must be sorted and unique."""
         if q.size == 0:
             return
+        if self.n == 0 or q[0] > self.keys[self.n - 1]:  # the common case: fresh, larger ids
+            self._reserve(self.n + q.size)
+            self.keys[self.n : self.n + q.size] = q
+            self.vals[self.n : self.n + q.size] = v
+            self.n += q.size
+            return
         pos, found = self._find(q)
         revived = found.copy()
         revived[found] = self.vals[pos[found]] < 0

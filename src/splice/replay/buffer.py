@@ -244,11 +244,17 @@ class ReplayBuffer:
         if size is None:
             raise ValueError("pass batch_size= here or to the ReplayBuffer")
         is_slice = isinstance(self.sampler, SliceSampler)
-        shaped = bool(as_sequences) if as_sequences is not None else (
-            is_slice and self.sampler.as_sequences  # type: ignore[attr-defined]
+        shaped = (
+            bool(as_sequences)
+            if as_sequences is not None
+            else (
+                is_slice and self.sampler.as_sequences  # type: ignore[attr-defined]
+            )
         )
         if shaped and not is_slice:
-            raise ValueError(f"as_sequences needs a slice sampler, not {type(self.sampler).__name__}")
+            raise ValueError(
+                f"as_sequences needs a slice sampler, not {type(self.sampler).__name__}"
+            )
         pad = is_slice and self.sampler.pad_output  # type: ignore[attr-defined]
         with self._lock:
             draw = self.sampler._draw(size)
@@ -277,7 +283,9 @@ class ReplayBuffer:
         out = {k: v.reshape(shape + tuple(v.shape[1:])) for k, v in columns.items()}
         return _output.to_tensordict(out, shape)
 
-    def update_priority(self, index: Tensor | np.ndarray, priority: Tensor | np.ndarray | float) -> None:
+    def update_priority(
+        self, index: Tensor | np.ndarray, priority: Tensor | np.ndarray | float
+    ) -> None:
         """Set priorities of sampled steps (prioritised samplers; ignored by the others).
 
         ``index`` are storage rows (``sample["index"]`` or ``info["index"]``), ``priority``
@@ -343,7 +351,9 @@ class ReplayBuffer:
                     raise LayoutError(f"{root} stores other keys than this buffer")
                 for i, (key, (dtype, shape)) in enumerate(schema.entries.items()):
                     data = tensor_from_file(
-                        root / "storage" / f"col_{i:03d}.bin", dtype, (self.storage.max_size, *shape)
+                        root / "storage" / f"col_{i:03d}.bin",
+                        dtype,
+                        (self.storage.max_size, *shape),
                     )
                     self.storage.columns[key].copy_(data)
             bounds = doc["boundaries"]
@@ -360,12 +370,14 @@ def _group_trajectories(columns: Columns, keys: np.ndarray) -> tuple[Columns, np
     change = np.flatnonzero(keys[1:] != keys[:-1])
     if change.size == 0:
         return columns, keys
-    run_keys = keys[np.concatenate([[0], change + 1])]
-    if np.unique(run_keys).size == run_keys.size:
+    run_keys = np.sort(keys[np.concatenate([[0], change + 1])])
+    if not (run_keys[1:] == run_keys[:-1]).any():
         return columns, keys
     order = index_by_id(torch.from_numpy(np.ascontiguousarray(keys))).cat_order()
     return {k: v.index_select(0, order) for k, v in columns.items()}, keys[order.numpy()]
 
 
 def _on_device(columns: Columns, device: torch.device) -> Columns:
+    if all(v.device == device for v in columns.values()):
+        return columns
     return {k: v if v.device == device else v.to(device) for k, v in columns.items()}

@@ -12,6 +12,7 @@ memory-mapped buffer can rebuild it on reopening.
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import tempfile
 import weakref
@@ -71,14 +72,12 @@ class Storage:
 
     def _numpy_views(self) -> None:
         # numpy's take is faster than index_select for the small gathers of a sample.
-        self._np: dict[Key, np.ndarray] = {}
+        self._np = {}
         if self.device.type != "cpu":
             return
         for key, col in self.columns.items():
-            try:
+            with contextlib.suppress(TypeError):  # dtypes numpy lacks (bfloat16...) use torch
                 self._np[key] = col.numpy()
-            except TypeError:  # dtypes numpy lacks (bfloat16, ...) use torch
-                pass
 
     # ------------------------------------------------------------------ data
     def write(self, start_row: int, columns: Columns) -> None:

@@ -161,7 +161,8 @@ class PrioritizedSliceSampler(SliceSampler):
 
     def _draw(self, batch_size: int) -> Draw:
         draw = super()._draw(batch_size)
-        ends = draw.rows[np.arange(draw.rows.shape[0]), draw.length - 1]  # type: ignore[operator]
+        assert draw.length is not None
+        ends = draw.rows[np.arange(draw.rows.shape[0]), draw.length - 1]
         weight = (self._sum.get(ends) / self._min.total()) ** (-self.beta)
         return Draw(draw.rows, draw.length, draw.burn, weight)
 
@@ -234,4 +235,3 @@ class PrioritizedSliceSampler(SliceSampler):
         self._min.load_state_dict({"min_leaves": np.where(leaves > 0, leaves, np.inf)}, "min_")
         self._step_priority = np.asarray(state["step_priority"], dtype=np.float64).copy()
         self.max_priority = float(state["max_priority"])  # type: ignore[arg-type]
-

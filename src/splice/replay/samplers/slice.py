@@ -228,9 +228,7 @@ class SliceSampler(Sampler):
             new = report.new_rows
             self._ends.add(new[index.steps_before(new) >= length - 1])
         if self.weighting == "trajectory":
-            changed = np.concatenate(
-                [report.head_slots, report.freed_slots, report.touched_slots]
-            )
+            changed = np.concatenate([report.head_slots, report.freed_slots, report.touched_slots])
             self._update_trajs(np.unique(changed))
 
     def _update_trajs(self, slots: np.ndarray) -> None:
