@@ -148,9 +148,11 @@ def test_writer_killed_mid_extend_reopens_at_last_completed_extend(
     script.write_text(WRITER)
     path = tmp_path / "mm"
     helpers = str(Path(__file__).parent)
+    errors = (tmp_path / "stderr.txt").open("w")
     proc = subprocess.Popen(
         [sys.executable, str(script), str(path), stage, helpers],
         stdout=subprocess.PIPE,
+        stderr=errors,
         text=True,
     )
     done = 0
@@ -169,7 +171,8 @@ def test_writer_killed_mid_extend_reopens_at_last_completed_extend(
         proc.wait(timeout=30)
         if proc.stdout is not None:
             proc.stdout.close()
-    assert done > 0
+        errors.close()
+    assert done > 0, (tmp_path / "stderr.txt").read_text()
     rb = ReplayBuffer(
         storage=LazyMemmapStorage(1000, scratch_dir=path),
         sampler=SliceSampler(slice_len=4, as_sequences=True, seed=0),
