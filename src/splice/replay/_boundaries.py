@@ -9,7 +9,8 @@ Three modes, chosen once, from the first batch a buffer receives:
   ``("next", "done")``): a new trajectory starts after every flagged step that is not a
   collector cut (``("collector", "cut")``), and keys are synthesised. The last trajectory of
   env row ``b`` continues in env row ``b`` of the next batch (same number of env rows), as a
-  collector's next chunk does; padded batches never continue.
+  collector's next chunk does; padded batches never continue, nor do flat batches that hold
+  several envs' chunks (recognised by collector cuts before their last step).
 * ``"stream"`` — neither (only allowed for samplers that ignore trajectories): every env row
   is one endless stream.
 """
@@ -54,7 +55,7 @@ class Boundaries:
             assert self.key is not None
             return batch.columns[self.key].numpy(), self.open_keys, self.next_key
         n = batch.n
-        ends = _end_flags(batch.columns, self.key, n)
+        ends, cut = _end_flags(batch.columns, self.key, n)
         if batch.padded:
             assert batch.row_lengths is not None
             lengths = batch.row_lengths
@@ -67,19 +68,28 @@ class Boundaries:
         n_env = batch.n_envs
         T = n // n_env
         ends2 = ends.reshape(n_env, T)
+        cut2 = cut.reshape(n_env, T)
+        # A collector cut before the end of an env row means several envs' chunks were
+        # flattened into one row: each cut then closes its fragment, and which fragment the
+        # next batch continues is unknown, so nothing continues across this batch's edges.
+        flattened = bool(cut2[:, :-1].any())
+        if flattened:
+            ends2 = ends2 | cut2
         starts = np.zeros((n_env, T), dtype=bool)
         starts[:, 0] = True
         starts[:, 1:] = ends2[:, :-1]
         local = np.cumsum(starts.reshape(-1)) - 1  # local trajectory number, env-major
         n_local = int(local[-1]) + 1 if n else 0
         key_of = np.full(n_local, -1, dtype=I64)
-        if self.open_keys.size == n_env and T > 0:
+        if self.open_keys.size == n_env and T > 0 and not flattened:
             cont = self.open_keys >= 0
             key_of[local.reshape(n_env, T)[cont, 0]] = self.open_keys[cont]
         fresh = key_of < 0
         key_of[fresh] = self.next_key + np.arange(int(fresh.sum()), dtype=I64)
         keys = key_of[local]
-        if T > 0:
+        if flattened:
+            open_keys = np.full(n_env, -1, dtype=I64)
+        elif T > 0:
             open_keys = np.where(ends2[:, -1], -1, keys.reshape(n_env, T)[:, -1]).astype(I64)
         else:
             open_keys = self.open_keys
@@ -112,15 +122,15 @@ class Boundaries:
         )
 
 
-def _end_flags(columns: Columns, key: Key | None, n: int) -> np.ndarray:
-    if key is None:
-        return np.zeros(n, dtype=bool)
-    flags = columns[key].reshape(n, -1).any(1)
+def _end_flags(columns: Columns, key: Key | None, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(ends, cuts)``: a collector cut is not an episode end, even when TorchRL's
+    ``set_truncated`` flagged it done."""
     cut = columns.get(CUT)
-    if cut is not None:
-        # A collector cut is not an episode end, even when set_truncated flagged it done.
-        flags = flags & ~cut
-    return flags.numpy()
+    cuts = np.zeros(n, dtype=bool) if cut is None else cut.numpy()
+    if key is None:
+        return np.zeros(n, dtype=bool), cuts
+    flags = columns[key].reshape(n, -1).any(1).numpy()
+    return flags & ~cuts, cuts
 
 
 def resolve_boundaries(

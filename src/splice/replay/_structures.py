@@ -243,30 +243,33 @@ class DenseSet:
         pos[: self.pos.size] = self.pos
         self.items, self.pos = items, pos
 
-    def add(self, x: np.ndarray) -> None:
-        """Add the members of ``x`` (duplicates and present items are ignored)."""
+    def add(self, x: np.ndarray, *, unique: bool = False) -> None:
+        """Add the members of ``x`` (present items are ignored; so are duplicates, unless the
+        caller promises there are none with ``unique=True``)."""
         x = x[self.pos[x] < 0]
         if x.size == 0:
             return
-        x = np.unique(x) if x.size > 1 else x
+        if not unique and x.size > 1:
+            x = np.unique(x)
         k = x.size
         self.items[self.n : self.n + k] = x
         self.pos[x] = np.arange(self.n, self.n + k, dtype=I64)
         self.n += k
 
-    def discard(self, x: np.ndarray) -> None:
-        """Remove the members of ``x`` that are present."""
+    def discard(self, x: np.ndarray, *, unique: bool = False) -> None:
+        """Remove the members of ``x`` that are present (``unique``: ``x`` has no duplicates)."""
         p = self.pos[x]
         p = p[p >= 0]
         if p.size == 0:
             return
-        p = np.unique(p) if p.size > 1 else p
+        if not unique:
+            p = np.unique(p)
         new_n = self.n - p.size
         gone = np.zeros(p.size, dtype=bool)  # which tail slots [new_n, n) are being removed
         in_tail = p >= new_n
         gone[p[in_tail] - new_n] = True
         self.pos[self.items[p]] = -1
-        holes = p[~in_tail]  # ascending
+        holes = p[~in_tail]
         movers = self.items[new_n : self.n][~gone]  # as many as holes
         self.items[holes] = movers
         self.pos[movers] = holes

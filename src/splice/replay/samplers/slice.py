@@ -239,8 +239,8 @@ class SliceSampler(Sampler):
         alive = T["key"][slots] >= 0
         long = T["last"][slots] - T["first"][slots] + 1 >= self._built_len
         ok = alive & (long | (not self.strict_length))
-        self._trajs.discard(slots[~ok])
-        self._trajs.add(slots[ok])
+        self._trajs.discard(slots[~ok], unique=True)
+        self._trajs.add(slots[ok], unique=True)
 
     def _stale_ends(self, report: WriteReport, length: int) -> np.ndarray:
         """Ends that lost their full-length slice because older steps were overwritten.
