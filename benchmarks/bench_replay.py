@@ -313,7 +313,7 @@ def main() -> None:
         )
     )
     print("\n## sample (buffer full)\n")
-    rows, _ = bench_sample(capacity, chunks, rounds)
+    rows, _ = bench_sample(capacity, chunks, 2 if args.quick else 11)
     print(
         table(
             [
