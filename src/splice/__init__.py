@@ -3,13 +3,22 @@
 Examples:
     >>> import splice
     >>> sorted(splice.__all__)[:3]
-    ['Collector', 'LayoutError', 'RandomPolicy']
+    ['Collector', 'LayoutError', 'LazyMemmapStorage']
 """
 
 from splice import layout
 from splice.collectors import Collector, TrajectoryIds
 from splice.layout import LayoutError, validate_batch
 from splice.policies import RandomPolicy
+from splice.replay import (
+    LazyMemmapStorage,
+    LazyTensorStorage,
+    PrioritizedSliceSampler,
+    RandomSampler,
+    ReplayBuffer,
+    SliceSampler,
+    SliceSamplerWithoutReplacement,
+)
 from splice.trajectories import TrajectoryAssembler, cat_trajectories, split_trajectories
 
 __version__ = "0.1.0"
@@ -17,7 +26,14 @@ __version__ = "0.1.0"
 __all__ = [
     "Collector",
     "LayoutError",
+    "LazyMemmapStorage",
+    "LazyTensorStorage",
+    "PrioritizedSliceSampler",
     "RandomPolicy",
+    "RandomSampler",
+    "ReplayBuffer",
+    "SliceSampler",
+    "SliceSamplerWithoutReplacement",
     "TrajectoryAssembler",
     "TrajectoryIds",
     "cat_trajectories",

@@ -1,0 +1,343 @@
+"""Replay buffer: splice vs TorchRL 0.14.1 vs the raw limit, measured in one process.
+
+Workload (perf-baselines.md §4): a stream of CartPole-sized transitions (observation [4],
+one-hot action [2], next observation, reward, done/terminated/truncated, trajectory ids;
+geometric episode lengths, mean 20) extended in batches of 1,000 into a 1,000,000-step
+buffer; batches of 512 frames (32 slices x 16 steps).
+
+    python -m benchmarks.bench_replay [--quick]
+
+Raw limits: a bare slice copy of each column into preallocated tensors (extend) and a bare
+torch gather of precomputed slice indices (sampling, no boundary bookkeeping at all).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import warnings
+from collections.abc import Callable
+
+import numpy as np
+import torch
+from tensordict import TensorDict
+
+from benchmarks._harness import Timing, interleaved, parser, ratio, table
+from splice.replay import (
+    LazyTensorStorage,
+    PrioritizedSliceSampler,
+    RandomSampler,
+    ReplayBuffer,
+    SliceSampler,
+)
+from splice.testing import episode_lengths
+
+SLICES, SLICE_LEN = 32, 16
+BATCH = SLICES * SLICE_LEN
+CHUNK = 1000
+
+
+def cartpole_stream(n: int, mean_len: float, seed: int = 0) -> TensorDict:
+    """``n`` flat transitions of one env, CartPole-sized, with trajectory ids."""
+    rng = np.random.default_rng(seed)
+    lengths = episode_lengths(n, mean_len, rng)
+    ids = torch.from_numpy(np.repeat(np.arange(lengths.size), lengths))
+    done = torch.zeros(n, 1, dtype=torch.bool)
+    done[torch.from_numpy(np.cumsum(lengths) - 1)] = True
+    obs = torch.randn(n, 4)
+    action = torch.zeros(n, 2, dtype=torch.int64)
+    action[torch.arange(n), torch.from_numpy(rng.integers(0, 2, n))] = 1
+    return TensorDict(
+        {
+            "observation": obs,
+            "action": action,
+            ("next", "observation"): torch.randn(n, 4),
+            ("next", "reward"): torch.ones(n, 1),
+            ("next", "done"): done,
+            ("next", "terminated"): done.clone(),
+            ("next", "truncated"): torch.zeros_like(done),
+            ("collector", "traj_ids"): ids,
+        },
+        batch_size=[n],
+    )
+
+
+# ---------------------------------------------------------------------- contenders
+def splice_buffer(capacity: int, sampler) -> ReplayBuffer:
+    return ReplayBuffer(storage=LazyTensorStorage(capacity), sampler=sampler, batch_size=BATCH)
+
+
+def torchrl_buffer(capacity: int, sampler: str):
+    from torchrl.data import LazyTensorStorage as TLazy
+    from torchrl.data import TensorDictReplayBuffer
+    from torchrl.data.replay_buffers import RandomSampler as TRandom
+    from torchrl.data.replay_buffers import SliceSampler as TSlice
+
+    samplers = {
+        "random": lambda: TRandom(),
+        "slice": lambda: TSlice(slice_len=SLICE_LEN, end_key=("next", "done")),
+        "slice_cached": lambda: TSlice(
+            slice_len=SLICE_LEN, end_key=("next", "done"), cache_values=True
+        ),
+    }
+    return TensorDictReplayBuffer(
+        storage=TLazy(capacity), sampler=samplers[sampler](), batch_size=BATCH
+    )
+
+
+class RawStore:
+    """The raw limit: preallocated column tensors, bare slice copies and bare gathers."""
+
+    def __init__(self, capacity: int, like: TensorDict) -> None:
+        self.capacity = capacity
+        self.cols = {
+            k: torch.empty(capacity, *v.shape[1:], dtype=v.dtype)
+            for k, v in like.items(include_nested=True, leaves_only=True)
+        }
+        self.cursor = 0
+        self.starts = torch.empty(0, dtype=torch.int64)
+        self.gen = torch.Generator().manual_seed(0)
+
+    def extend(self, chunk: TensorDict) -> None:
+        n = chunk.shape[0]
+        for k, v in chunk.items(include_nested=True, leaves_only=True):
+            self.cols[k][self.cursor : self.cursor + n].copy_(v)
+        self.cursor = (self.cursor + n) % self.capacity
+
+    def precompute_starts(self, ids: torch.Tensor) -> None:
+        """Valid 16-step slice starts, computed once (what a sampler would have to know)."""
+        same = ids[SLICE_LEN - 1 :] == ids[: -(SLICE_LEN - 1)]
+        self.starts = same.nonzero().squeeze(1)
+
+    def gather(self) -> dict:
+        pick = torch.randint(self.starts.numel(), (SLICES,), generator=self.gen)
+        idx = (self.starts[pick][:, None] + torch.arange(SLICE_LEN)).reshape(-1)
+        return {k: v.index_select(0, idx) for k, v in self.cols.items()}
+
+    def gather_iid(self) -> dict:
+        idx = torch.randint(self.capacity, (BATCH,), generator=self.gen)
+        return {k: v.index_select(0, idx) for k, v in self.cols.items()}
+
+
+def fill(rb, chunks) -> None:
+    for chunk in chunks:
+        rb.extend(chunk)
+
+
+class FreshChunks:
+    """More of the stream with fresh trajectory ids (a collector never reuses an id)."""
+
+    def __init__(self, n: int) -> None:
+        self.chunks = list(cartpole_stream(n, 20.0, seed=1).split(CHUNK))
+        self.i = 0
+
+    def next(self) -> TensorDict:
+        cycle, k = divmod(self.i, len(self.chunks))
+        self.i += 1
+        chunk = self.chunks[k]
+        if cycle == 0:
+            chunk = chunk.clone()
+        chunk[("collector", "traj_ids")] = chunk[("collector", "traj_ids")] + (cycle + 1) * 10**9
+        return chunk
+
+
+# ---------------------------------------------------------------------- measurements
+def bench_extend(capacity: int, chunks: list[TensorDict], rounds: int) -> list[list[object]]:
+    def fresh_fill(make: Callable[[], object]) -> Callable[[], None]:
+        return lambda: fill(make(), chunks)
+
+    for make in (  # warm both libraries up (imports, first allocations)
+        lambda: splice_buffer(capacity, SliceSampler(slice_len=SLICE_LEN)),
+        lambda: torchrl_buffer(capacity, "slice"),
+        lambda: torchrl_buffer(capacity, "random"),
+    ):
+        fill(make(), chunks[:5])
+    contenders = {
+        "splice, RandomSampler": fresh_fill(lambda: splice_buffer(capacity, RandomSampler())),
+        "splice, SliceSampler": fresh_fill(
+            lambda: splice_buffer(capacity, SliceSampler(slice_len=SLICE_LEN))
+        ),
+        "TorchRL, RandomSampler": fresh_fill(lambda: torchrl_buffer(capacity, "random")),
+        "TorchRL, SliceSampler": fresh_fill(lambda: torchrl_buffer(capacity, "slice")),
+        "raw slice copy": fresh_fill(lambda: RawStore(capacity, chunks[0])),
+    }
+    t = interleaved(contenders, rounds=rounds, warmup=0)
+    raw = t["raw slice copy"].median
+    ref = t["TorchRL, SliceSampler"].median
+    return [
+        [name, f"{x.median * 1e3:.0f} ms", ratio(ref, x.median), ratio(x.median, raw)]
+        for name, x in t.items()
+    ]
+
+
+def bench_sample(capacity: int, chunks: list[TensorDict], rounds: int) -> tuple[list, dict]:
+    data = torch.cat(chunks)  # the stream, to precompute the raw limit's slice starts
+    bufs = {
+        "splice RandomSampler": splice_buffer(capacity, RandomSampler(seed=0)),
+        "splice SliceSampler (weighting=trajectory)": splice_buffer(
+            capacity, SliceSampler(slice_len=SLICE_LEN, seed=0)
+        ),
+        "splice SliceSampler (weighting=transition)": splice_buffer(
+            capacity, SliceSampler(slice_len=SLICE_LEN, weighting="transition", seed=0)
+        ),
+        "splice SliceSampler, [32, 16] + mask": splice_buffer(
+            capacity, SliceSampler(slice_len=SLICE_LEN, as_sequences=True, seed=0)
+        ),
+        "splice PrioritizedSliceSampler": splice_buffer(
+            capacity, PrioritizedSliceSampler(alpha=0.6, beta=0.4, slice_len=SLICE_LEN, seed=0)
+        ),
+        "TorchRL RandomSampler": torchrl_buffer(capacity, "random"),
+        "TorchRL SliceSampler": torchrl_buffer(capacity, "slice"),
+        "TorchRL SliceSampler(cache_values=True)": torchrl_buffer(capacity, "slice_cached"),
+    }
+    for rb in bufs.values():
+        fill(rb, chunks)
+    raw = RawStore(capacity, chunks[0])
+    fill(raw, chunks)
+    raw.precompute_starts(data[("collector", "traj_ids")][-capacity:])
+    contenders: dict[str, Callable[[], object]] = {
+        name: (lambda rb=rb: [rb.sample() for _ in range(10)]) for name, rb in bufs.items()
+    }
+    contenders["raw gather, 512 iid rows"] = lambda: [raw.gather_iid() for _ in range(10)]
+    contenders["raw gather, precomputed slices"] = lambda: [raw.gather() for _ in range(10)]
+    t = interleaved(contenders, rounds=rounds, warmup=1)
+    return _sample_rows(t), {k: v.median / 10 for k, v in t.items()}
+
+
+def _sample_rows(t: dict[str, Timing]) -> list[list[object]]:
+    per = {k: v.median / 10 for k, v in t.items()}
+    uncached = per["TorchRL SliceSampler"]
+    cached = per["TorchRL SliceSampler(cache_values=True)"]
+    random = per["splice RandomSampler"]
+    raw = per["raw gather, precomputed slices"]
+    return [
+        [
+            name,
+            f"{x * 1e3:.3f} ms",
+            ratio(uncached, x),
+            ratio(cached, x),
+            ratio(x, random),
+            ratio(x, raw),
+        ]
+        for name, x in per.items()
+    ]
+
+
+def bench_concurrent(capacity: int, chunks: list[TensorDict], seconds: float) -> list[list[object]]:
+    """Sample while a background thread extends (1,000 steps per extend, as fast as it can)."""
+    rows = []
+    makers = {
+        "splice SliceSampler": lambda: splice_buffer(
+            capacity, SliceSampler(slice_len=SLICE_LEN, seed=0)
+        ),
+        "TorchRL SliceSampler": lambda: torchrl_buffer(capacity, "slice"),
+        "TorchRL SliceSampler(cache_values=True)": lambda: torchrl_buffer(capacity, "slice_cached"),
+    }
+    for name, make in makers.items():
+        rb = make()
+        fill(rb, chunks)
+        stop = threading.Event()
+        written = [0]
+        fresh = FreshChunks(min(capacity, 200_000))
+
+        def writer(rb=rb, stop=stop, written=written, fresh=fresh) -> None:
+            while not stop.is_set():
+                rb.extend(fresh.next())
+                written[0] += CHUNK
+                time.sleep(0)  # let the sampling thread in (both libraries alike)
+
+        thread = threading.Thread(target=writer)
+        thread.start()
+        times = []
+        end = time.perf_counter() + seconds
+        try:
+            while time.perf_counter() < end:
+                start = time.perf_counter()
+                rb.sample()
+                times.append(time.perf_counter() - start)
+        finally:
+            stop.set()
+            thread.join()
+        elapsed = seconds
+        rows.append(
+            [
+                name,
+                f"{np.median(times) * 1e3:.3f} ms",
+                f"{len(times) / elapsed:.0f}",
+                f"{written[0] / elapsed:,.0f}",
+            ]
+        )
+    return rows
+
+
+def bench_loop(capacity: int, chunks: list[TensorDict], rounds: int) -> list[list[object]]:
+    """The off-policy loop in one thread: extend(1,000) then sample(512)."""
+    bufs = {
+        "splice SliceSampler": splice_buffer(capacity, SliceSampler(slice_len=SLICE_LEN, seed=0)),
+        "TorchRL SliceSampler": torchrl_buffer(capacity, "slice"),
+        "TorchRL SliceSampler(cache_values=True)": torchrl_buffer(capacity, "slice_cached"),
+    }
+    for rb in bufs.values():
+        fill(rb, chunks)
+    fresh = {name: FreshChunks(min(capacity, 100_000)) for name in bufs}
+    data = {name: [f.next() for _ in range(5 * (rounds + 1))] for name, f in fresh.items()}
+    state = {name: 0 for name in bufs}
+
+    def step(name: str, rb) -> None:
+        for _ in range(5):
+            rb.extend(data[name][state[name]])
+            state[name] += 1
+            rb.sample()
+
+    t = interleaved({n: (lambda n=n, rb=rb: step(n, rb)) for n, rb in bufs.items()}, rounds=rounds)
+    ref = t["splice SliceSampler"].median
+    return [[n, f"{x.median / 5 * 1e3:.3f} ms", ratio(x.median, ref)] for n, x in t.items()]
+
+
+def main() -> None:
+    args = parser(__doc__ or "").parse_args()
+    warnings.filterwarnings("ignore")
+    torch.set_num_threads(1)
+    capacity = 20_000 if args.quick else 1_000_000
+    rounds = 2 if args.quick else 5
+    chunks = list(cartpole_stream(capacity, 20.0).split(CHUNK))
+    print(
+        f"# Replay buffer: {capacity:,} CartPole transitions, extends of {CHUNK:,}, "
+        f"samples of {BATCH} ({SLICES} x {SLICE_LEN})\n"
+    )
+    print("## extend (whole fill)\n")
+    print(
+        table(
+            ["contender", "time", "TorchRL slice / this", "this / raw"],
+            bench_extend(capacity, chunks, 1 if args.quick else 3),
+        )
+    )
+    print("\n## sample (buffer full)\n")
+    rows, _ = bench_sample(capacity, chunks, 2 if args.quick else 11)
+    print(
+        table(
+            [
+                "contender",
+                "per sample",
+                "TorchRL uncached / this",
+                "TorchRL cached / this",
+                "this / splice random",
+                "this / raw slices",
+            ],
+            rows,
+        )
+    )
+    print("\n## extend(1,000) then sample(512), one thread\n")
+    loop = bench_loop(capacity, chunks, rounds)
+    print(table(["contender", "per extend+sample", "this / splice"], loop))
+    print("\n## sample while a background thread extends\n")
+    print(
+        table(
+            ["contender", "median sample", "samples/s", "steps written/s"],
+            bench_concurrent(capacity, chunks, 0.3 if args.quick else 3.0),
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,168 @@
+"""Where trajectories begin and end: one int64 *trajectory key* per stored row.
+
+Three modes, chosen once, from the first batch a buffer receives:
+
+* ``"ids"`` — the batch carries trajectory ids (``("collector", "traj_ids")`` or the sampler's
+  ``traj_key``): the id is the key. Trajectories continue across extends, envs and writers
+  under their id, so interleaved writers need nothing special.
+* ``"flags"`` — no ids, but end-of-trajectory flags (the sampler's ``end_key``, default
+  ``("next", "done")``): a new trajectory starts after every flagged step that is not a
+  collector cut (``("collector", "cut")``), and keys are synthesised. The last trajectory of
+  env row ``b`` continues in env row ``b`` of the next batch (same number of env rows), as a
+  collector's next chunk does; padded batches never continue, nor do flat batches that hold
+  several envs' chunks (recognised by collector cuts before their last step).
+* ``"stream"`` — neither (only allowed for samplers that ignore trajectories): every env row
+  is one endless stream.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from splice.layout import CUT, DONE, TRAJ_IDS, LayoutError, as_key_tuple
+from splice.replay._batch import Columns, FlatBatch, Key, fmt_key
+from splice.replay._structures import I64
+
+__all__ = ["Boundaries", "resolve_boundaries"]
+
+
+@dataclass
+class Boundaries:
+    """The boundary mode of a buffer and, for ``"flags"``, the in-flight state between batches.
+
+    Attributes:
+        mode: ``"ids"``, ``"flags"`` or ``"stream"``.
+        key: the ids key (``"ids"``) or the end-flag key (``"flags"``).
+        open_keys: per env row, the synthetic key of the trajectory still running at the end
+            of the previous batch (-1: none).
+        next_key: the next synthetic key to hand out.
+    """
+
+    mode: str
+    key: Key | None
+    open_keys: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=I64))
+    next_key: int = 0
+
+    def keys_for(self, batch: FlatBatch) -> tuple[np.ndarray, np.ndarray, int]:
+        """The key of every row of ``batch``, and the state to commit once it is written.
+
+        Pure: returns ``(keys, open_keys, next_key)`` without changing ``self``.
+        """
+        if self.mode == "ids":
+            assert self.key is not None
+            return batch.columns[self.key].numpy(), self.open_keys, self.next_key
+        n = batch.n
+        ends, cut = _end_flags(batch.columns, self.key, n)
+        if batch.padded:
+            assert batch.row_lengths is not None
+            lengths = batch.row_lengths
+            starts = np.zeros(n, dtype=bool)
+            row_first = np.cumsum(lengths) - lengths
+            starts[row_first[lengths > 0]] = True
+            starts[1:] |= ends[:-1]
+            keys = self.next_key + np.cumsum(starts) - 1
+            return keys.astype(I64), np.empty(0, dtype=I64), self.next_key + int(starts.sum())
+        n_env = batch.n_envs
+        T = n // n_env
+        ends2 = ends.reshape(n_env, T)
+        cut2 = cut.reshape(n_env, T)
+        # A collector cut before the end of an env row means several envs' chunks were
+        # flattened into one row: each cut then closes its fragment, and which fragment the
+        # next batch continues is unknown, so nothing continues across this batch's edges.
+        flattened = bool(cut2[:, :-1].any())
+        if flattened:
+            ends2 = ends2 | cut2
+        starts = np.zeros((n_env, T), dtype=bool)
+        starts[:, 0] = True
+        starts[:, 1:] = ends2[:, :-1]
+        local = np.cumsum(starts.reshape(-1)) - 1  # local trajectory number, env-major
+        n_local = int(local[-1]) + 1 if n else 0
+        key_of = np.full(n_local, -1, dtype=I64)
+        if self.open_keys.size == n_env and T > 0 and not flattened:
+            cont = self.open_keys >= 0
+            key_of[local.reshape(n_env, T)[cont, 0]] = self.open_keys[cont]
+        fresh = key_of < 0
+        key_of[fresh] = self.next_key + np.arange(int(fresh.sum()), dtype=I64)
+        keys = key_of[local]
+        if flattened:
+            open_keys = np.full(n_env, -1, dtype=I64)
+        elif T > 0:
+            open_keys = np.where(ends2[:, -1], -1, keys.reshape(n_env, T)[:, -1]).astype(I64)
+        else:
+            open_keys = self.open_keys
+        return keys, open_keys, self.next_key + int(fresh.sum())
+
+    def commit(self, open_keys: np.ndarray, next_key: int) -> None:
+        self.open_keys = open_keys
+        self.next_key = next_key
+
+    def reset(self) -> None:
+        self.open_keys = np.empty(0, dtype=I64)
+        self.next_key = 0
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "mode": self.mode,
+            "key": None if self.key is None else list(self.key),
+            "open_keys": self.open_keys.tolist(),
+            "next_key": self.next_key,
+        }
+
+    @staticmethod
+    def from_json(state: dict[str, object]) -> Boundaries:
+        key = state["key"]
+        return Boundaries(
+            mode=str(state["mode"]),
+            key=None if key is None else tuple(key),  # type: ignore[arg-type]
+            open_keys=np.asarray(state["open_keys"], dtype=I64),
+            next_key=int(state["next_key"]),  # type: ignore[call-overload]
+        )
+
+
+def _end_flags(columns: Columns, key: Key | None, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(ends, cuts)``: a collector cut is not an episode end, even when TorchRL's
+    ``set_truncated`` flagged it done."""
+    cut = columns.get(CUT)
+    cuts = np.zeros(n, dtype=bool) if cut is None else cut.numpy()
+    if key is None:
+        return np.zeros(n, dtype=bool), cuts
+    flags = columns[key].reshape(n, -1).any(1).numpy()
+    return flags & ~cuts, cuts
+
+
+def resolve_boundaries(
+    columns: Columns,
+    *,
+    traj_key: Key | None,
+    end_key: Key | None,
+    needs_trajectories: bool,
+) -> Boundaries:
+    """Choose the boundary mode from the first batch (see module docs).
+
+    Raises:
+        LayoutError: ``traj_key`` was given but is absent, or the sampler needs trajectories
+            and the batch has neither ids nor end flags.
+    """
+    if traj_key is not None:
+        if traj_key not in columns:
+            raise LayoutError(f"traj_key {fmt_key(traj_key)} is not in the batch")
+        return Boundaries("ids", traj_key)
+    if TRAJ_IDS in columns:
+        return Boundaries("ids", TRAJ_IDS)
+    flag = end_key if end_key is not None else as_key_tuple(DONE)
+    if flag in columns:
+        if columns[flag].dtype != torch.bool:
+            raise LayoutError(
+                f"end key {fmt_key(flag)}: expected dtype torch.bool, got {columns[flag].dtype}"
+            )
+        return Boundaries("flags", flag)
+    if needs_trajectories or end_key is not None:
+        raise LayoutError(
+            f"cannot find trajectory boundaries: the batch has no trajectory ids at "
+            f"{fmt_key(TRAJ_IDS)} and no end flags at {fmt_key(flag)} (pass traj_key= or "
+            "end_key= to the sampler)"
+        )
+    return Boundaries("stream", None)

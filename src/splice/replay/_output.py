@@ -1,0 +1,192 @@
+"""Turn a sampler's :class:`Draw` into the sample TensorDict (and the ``info`` dict).
+
+Split in two so that the buffer holds its lock only while reading the storage:
+:func:`plan` decides which rows to read (before), :func:`build` assembles the output from the
+rows read (after).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from tensordict import TensorDict
+from torch import Tensor
+
+from splice.layout import CUT, MASK, LayoutError
+from splice.replay._batch import Columns, Key, fmt_key
+from splice.replay.samplers._base import Draw, Sampler
+from splice.replay.samplers.slice import SliceSampler
+
+__all__ = ["BURN_IN", "INDEX", "PRIORITY_WEIGHT", "Plan", "build", "plan"]
+
+#: True on the burn-in steps of a slice (warm-up only: no loss there).
+BURN_IN = ("collector", "burn_in")
+#: Storage row of every sampled step (-1 on padding), as TorchRL's ``"index"``.
+INDEX = ("index",)
+#: Importance weight of every sampled step (prioritised samplers), as TorchRL's.
+PRIORITY_WEIGHT = ("priority_weight",)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Which rows to read and how the output is shaped.
+
+    Attributes:
+        rows: flat storage rows to read (padding replaced by the slice's last real row).
+        batch: output batch size.
+        select: for flat unpadded slices with some short slice, the ``[S, W]`` mask of real
+            steps whose flattening gives the output order; else None.
+    """
+
+    rows: np.ndarray
+    batch: tuple[int, ...]
+    select: np.ndarray | None
+
+
+def plan(draw: Draw, *, shaped: bool, pad: bool) -> Plan:
+    rows = draw.rows
+    if rows.ndim == 1:
+        return Plan(rows, (rows.size,), None)
+    assert draw.length is not None
+    S, W = rows.shape
+    valid = rows >= 0
+    if valid.all():
+        return Plan(rows.reshape(-1), (S, W) if shaped else (S * W,), None)
+    if shaped or pad:
+        last = rows[np.arange(S), draw.length - 1]
+        filled = np.where(valid, rows, last[:, None])
+        return Plan(filled.reshape(-1), (S, W) if shaped else (S * W,), None)
+    return Plan(rows[valid], (int(valid.sum()),), valid)
+
+
+def _nest(flat: dict[Key, Tensor]) -> dict[str, object]:
+    out: dict[str, object] = {}
+    for key, value in flat.items():
+        node = out
+        for part in key[:-1]:
+            node = node.setdefault(part, {})  # type: ignore[assignment]
+        node[key[-1]] = value
+    return out
+
+
+def to_tensordict(flat: dict[Key, Tensor], batch: tuple[int, ...]) -> TensorDict:
+    """A TensorDict from tuple-keyed tensors that already have the right batch dims."""
+    return TensorDict._new_unsafe(_nest(flat), batch_size=torch.Size(batch))
+
+
+def _marker(m: np.ndarray, p: Plan, like: Tensor | None = None) -> Tensor:
+    """A ``[S, W]`` boolean marker laid out like the output (and like ``like``'s dims)."""
+    flat = m[p.select] if p.select is not None else m.reshape(p.batch)
+    if not (flat.flags.writeable and flat.flags.c_contiguous):
+        flat = flat.copy()
+    out = torch.from_numpy(flat)
+    if like is not None:
+        out = out.view(*out.shape, *([1] * (like.dim() - out.dim())))
+    return out
+
+
+def build(
+    columns: Columns, draw: Draw, p: Plan, sampler: Sampler, *, shaped: bool
+) -> tuple[TensorDict, dict[str, object]]:
+    """The sample TensorDict and the info dict (see ``ReplayBuffer.sample``)."""
+    out = {k: v.view(*p.batch, *v.shape[1:]) for k, v in columns.items()}
+    rows = draw.rows
+    if rows.ndim == 1:
+        index = torch.from_numpy(rows)
+        out[INDEX] = index
+        return to_tensordict(out, p.batch), {"index": index}
+    assert isinstance(sampler, SliceSampler) and draw.length is not None
+    assert draw.burn is not None
+    S, W = rows.shape
+    n_out = int(np.prod(p.batch))
+    # Output position of each slice's first step: rows of W, or real steps back to back.
+    first = np.arange(S) * W if p.select is None else np.cumsum(draw.length) - draw.length
+    last = first + draw.length - 1
+    j = np.arange(W)
+    valid = j < draw.length[:, None]
+    padding = None if p.select is not None or bool(valid.all()) else ~valid.reshape(-1)
+    if sampler.truncated_key is not None:
+        _mark_ends(out, last, padding, p.batch, sampler.truncated_key)
+    if sampler.init_key is not None and sampler.init_key in out:
+        out[sampler.init_key].numpy().reshape(n_out, -1)[first] = True
+    if shaped or sampler.pad_output:
+        out[MASK] = _marker(valid, p)
+    if sampler.burn_in:
+        out[BURN_IN] = _marker(j < draw.burn[:, None], p)
+    index_rows = torch.from_numpy(rows)
+    out[INDEX] = (
+        index_rows[torch.from_numpy(p.select)]
+        if p.select is not None
+        else (index_rows.reshape(p.batch))
+    )
+    info: dict[str, object] = {
+        "index": index_rows,
+        "length": torch.from_numpy(draw.length),
+        "burn_in": torch.from_numpy(draw.burn),
+    }
+    if draw.weight is not None:
+        weight = draw.weight.astype(np.float32)
+        info["priority_weight"] = torch.from_numpy(weight)
+        per_step = np.repeat(weight[:, None], W, axis=1)
+        out[PRIORITY_WEIGHT] = torch.from_numpy(
+            per_step[p.select] if p.select is not None else per_step
+        ).reshape(p.batch)
+    if sampler.state_keys:
+        info["initial_state"] = _initial_state(columns, first, sampler.state_keys, S)
+    return to_tensordict(out, p.batch), info
+
+
+def _mark_ends(
+    out: dict[Key, Tensor],
+    last: np.ndarray,
+    padding: np.ndarray | None,
+    batch: tuple[int, ...],
+    key: Key,
+) -> None:
+    """TorchRL's slice-end marks, plus clearing the collector cuts a slice runs through.
+
+    ``last``: output positions of the slices' last real steps; ``padding``: padded positions
+    (None: none). Works in place on the freshly gathered flags, through numpy views.
+    """
+    n = int(np.prod(batch))
+    done_key = (*key[:-1], "done")
+    terminated_key = (*key[:-1], "terminated")
+    inside: np.ndarray | None = None  # collector cuts inside a slice: not an end there
+    if CUT in out:
+        cut = out[CUT].numpy().reshape(n)
+        at_end = cut[last]
+        inside = cut.copy()
+        inside[last] = False
+        cut[:] = False
+        cut[last] = at_end
+        if padding is not None:
+            cut[padding] = False
+    for name in (key, done_key):
+        if name in out:
+            flag = out[name].numpy().reshape(n, -1)
+            if inside is not None:
+                flag[inside] = False
+        else:
+            flag = np.zeros((n, 1), dtype=bool)
+            out[name] = torch.from_numpy(flag).view(*batch, 1)
+        flag[last] = True
+        if padding is not None:
+            flag[padding] = False
+    if terminated_key not in out:
+        out[terminated_key] = torch.zeros_like(out[key])
+    elif padding is not None:
+        out[terminated_key].numpy().reshape(n, -1)[padding] = False
+
+
+def _initial_state(
+    columns: Columns, first: np.ndarray, keys: tuple[Key, ...], S: int
+) -> TensorDict:
+    pick = torch.from_numpy(first)
+    state: dict[Key, Tensor] = {}
+    for key in keys:
+        if key not in columns:
+            raise LayoutError(f"state key {fmt_key(key)} is not stored in the buffer")
+        state[key] = columns[key].index_select(0, pick)
+    return to_tensordict(state, (S,))

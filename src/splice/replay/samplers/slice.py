@@ -1,0 +1,467 @@
+"""``SliceSampler`` and ``SliceSamplerWithoutReplacement``: contiguous pieces of trajectories.
+
+A slice is identified by its *last* training step (its end). A slice of length ``L`` ending at
+a stored step is eligible when the ``L - 1`` steps before it are stored in the same trajectory
+(``strict_length=True``). Because the steps before an end only change when the trajectory's
+oldest steps are overwritten, eligibility is decided once, when the end step is written, and
+withdrawn when overwriting reaches it: the set of eligible ends is maintained in O(batch) per
+write, and a draw costs O(batch) — never a scan of the storage.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+from tensordict.utils import NestedKey
+
+from splice.layout import IS_INIT, TRUNCATED
+from splice.replay._structures import EMPTY, I64, DenseSet, State
+from splice.replay.index import WriteReport
+from splice.replay.samplers._base import Draw, Key, Sampler, key_or_none
+
+__all__ = ["SliceSampler", "SliceSamplerWithoutReplacement"]
+
+_WEIGHTINGS = ("trajectory", "transition")
+
+
+class SliceSampler(Sampler):
+    """Samples slices of consecutive steps of one trajectory; TorchRL's ``SliceSampler``, fixed.
+
+    Same names and meanings as ``torchrl.data.SliceSampler`` (``num_slices`` xor
+    ``slice_len``; ``end_key``/``traj_key``; ``truncated_key``; ``strict_length``;
+    ``pad_output``), with these differences:
+
+    * **Boundaries are known at write time.** The buffer's index records each stored step's
+      trajectory and step number as it is written, so a slice never crosses an episode end,
+      the write cursor, another env's or writer's data, or overwritten steps — and it may span
+      the storage positions of one trajectory that arrived in several collector chunks.
+      Drawing costs O(batch): there is nothing to cache (``cache_values`` is accepted and
+      ignored).
+    * ``weighting``: ``"trajectory"`` (TorchRL's behaviour and the default: every eligible
+      trajectory is equally likely, then the slice position is uniform within it) or
+      ``"transition"`` (every eligible slice position in the buffer is equally likely). With
+      ``"trajectory"`` a step of a short episode is sampled far more often than a step of a
+      long one; ``"transition"`` is the unbiased choice (each stored step is equally likely to
+      end a slice, up to the unavoidable edge effect at trajectory starts).
+    * ``as_sequences=True`` returns ``[num_slices, width]`` instead of TorchRL's flat
+      ``[num_slices * width]`` (``width = burn_in + slice_len``), with a mask.
+    * ``burn_in=K`` prepends up to ``K`` steps to every slice (fewer near the trajectory's
+      start), flagged in ``("collector", "burn_in")``. Slices are left-aligned: burn-in steps,
+      then training steps, then padding; so a recurrent network can run each row from its
+      first column, starting from the stored recurrent state found there.
+    * ``state_keys``: keys (e.g. the recurrent state) whose stored value at each slice's first
+      step is returned in ``info["initial_state"]`` (``sample(return_info=True)``).
+
+    ``batch_size`` counts training steps (``num_slices * slice_len``); burn-in steps come on
+    top. In the output, ``truncated_key`` is True at the last real step of every slice (and
+    ``done`` with it), the stored ``init_key`` flag is set at every slice's first step, a
+    collector cut inside a slice is cleared (with the done/truncated marks TorchRL's
+    ``set_truncated`` put there), and ``"index"`` holds the storage rows (-1 on padding).
+
+    With ``strict_length=False``, trajectories shorter than ``slice_len`` are sampled whole
+    (TorchRL's rule: a trajectory of ``n`` steps has ``max(n - slice_len + 1, 1)`` positions);
+    with ``"transition"`` weighting every stored step may end a slice, which is then clipped
+    at the trajectory's first stored step. Short slices are padded when the output is shaped
+    or ``pad_output=True``, else concatenated (a smaller flat batch, as in TorchRL).
+
+    Args:
+        num_slices: slices per batch (exclusive with ``slice_len``).
+        slice_len: training steps per slice (exclusive with ``num_slices``).
+        end_key: end-of-trajectory flag used when the data has no trajectory ids
+            (default ``("next", "done")``).
+        traj_key: key of the trajectory ids (default ``("collector", "traj_ids")`` when
+            present). Ids always take precedence over end flags.
+        truncated_key: where to mark slice ends (None: leave the flags alone).
+        init_key: where to mark slice starts, when stored (None: leave alone).
+        strict_length: only sample full-length slices.
+        pad_output: pad the flat output to ``num_slices * width`` with a mask.
+        weighting: ``"trajectory"`` or ``"transition"`` (see above).
+        as_sequences: return ``[num_slices, width]`` (default flat, TorchRL's layout).
+        burn_in: extra steps before each slice, for recurrent warm-up.
+        state_keys: keys returned at each slice's first step in ``info["initial_state"]``.
+        cache_values: ignored (accepted so that TorchRL code ports unchanged).
+        generator: the random generator to draw from.
+        seed: seed of a fresh generator (exclusive with ``generator``).
+
+    Examples:
+        Episodes of 5 steps arrive in chunks of 3 (ids continue across chunks), yet 4-step
+        slices are contiguous (the observation counts the global step):
+
+        >>> import torch
+        >>> from tensordict import TensorDict
+        >>> from splice.replay import LazyTensorStorage, ReplayBuffer, SliceSampler
+        >>> rb = ReplayBuffer(
+        ...     storage=LazyTensorStorage(100),
+        ...     sampler=SliceSampler(slice_len=4, as_sequences=True, seed=0),
+        ...     batch_size=8,
+        ... )
+        >>> step = torch.arange(20)
+        >>> for chunk in step.split(3):
+        ...     _ = rb.extend(
+        ...         TensorDict(
+        ...             {"observation": chunk.float(), ("collector", "traj_ids"): chunk // 5},
+        ...             batch_size=[len(chunk)],
+        ...         )
+        ...     )
+        >>> sample = rb.sample()
+        >>> sample["observation"]
+        tensor([[16., 17., 18., 19.],
+                [10., 11., 12., 13.]])
+        >>> sample["next", "truncated"].squeeze(-1)
+        tensor([[False, False, False,  True],
+                [False, False, False,  True]])
+    """
+
+    needs_trajectories = True
+
+    def __init__(
+        self,
+        *,
+        num_slices: int | None = None,
+        slice_len: int | None = None,
+        end_key: NestedKey | None = None,
+        traj_key: NestedKey | None = None,
+        truncated_key: NestedKey | None = TRUNCATED,
+        init_key: NestedKey | None = IS_INIT,
+        strict_length: bool = True,
+        pad_output: bool = False,
+        weighting: str = "trajectory",
+        as_sequences: bool = False,
+        burn_in: int = 0,
+        state_keys: Sequence[NestedKey] = (),
+        cache_values: bool = False,
+        generator: torch.Generator | None = None,
+        seed: int | None = None,
+    ) -> None:
+        super().__init__(generator=generator, seed=seed)
+        if (num_slices is None) == (slice_len is None):
+            raise TypeError("pass exactly one of num_slices= and slice_len=")
+        for name, value in (("num_slices", num_slices), ("slice_len", slice_len)):
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if weighting not in _WEIGHTINGS:
+            raise ValueError(f"weighting must be one of {_WEIGHTINGS}, got {weighting!r}")
+        if not isinstance(burn_in, int) or burn_in < 0:
+            raise ValueError(f"burn_in must be a non-negative int, got {burn_in!r}")
+        self.num_slices = num_slices
+        self.slice_len = slice_len
+        self.end_key = key_or_none(end_key)
+        self.traj_key = key_or_none(traj_key)
+        self.truncated_key = key_or_none(truncated_key)
+        self.init_key = key_or_none(init_key)
+        self.strict_length = bool(strict_length)
+        self.pad_output = bool(pad_output)
+        self.weighting = weighting
+        self.as_sequences = bool(as_sequences)
+        self.burn_in = burn_in
+        self.state_keys: tuple[Key, ...] = tuple(key_or_none(k) for k in state_keys)  # type: ignore[misc]
+        self.cache_values = cache_values
+        self._built_len: int | None = None
+        self._ends = DenseSet(0)  # eligible end rows ("transition", strict)
+        self._trajs = DenseSet(0)  # eligible trajectory slots ("trajectory")
+
+    def __repr__(self) -> str:
+        size = (
+            f"slice_len={self.slice_len}"
+            if self.slice_len is not None
+            else f"num_slices={self.num_slices}"
+        )
+        return (
+            f"{type(self).__name__}({size}, weighting={self.weighting!r}, "
+            f"strict_length={self.strict_length}, burn_in={self.burn_in})"
+        )
+
+    # ------------------------------------------------------------------ sizes
+    def shape_for(self, batch_size: int) -> tuple[int, int]:
+        """``(num_slices, slice_len)`` for a batch of ``batch_size`` training steps."""
+        if self.slice_len is not None:
+            if batch_size % self.slice_len:
+                raise ValueError(
+                    f"batch_size {batch_size} is not divisible by slice_len {self.slice_len}"
+                )
+            return batch_size // self.slice_len, self.slice_len
+        assert self.num_slices is not None
+        if batch_size % self.num_slices:
+            raise ValueError(
+                f"batch_size {batch_size} is not divisible by num_slices {self.num_slices}"
+            )
+        return self.num_slices, batch_size // self.num_slices
+
+    @property
+    def _track_ends(self) -> bool:
+        return self.weighting == "transition" and self.strict_length
+
+    # ------------------------------------------------------------------ maintenance
+    def _rebuild(self) -> None:
+        length = self._built_len
+        if length is None and self._default_batch is not None:
+            length = self.shape_for(self._default_batch)[1]
+        self._build(length)
+
+    def _build(self, length: int | None) -> None:
+        index = self.index
+        self._built_len = length
+        self._ends = DenseSet(index.capacity if self._track_ends else 0)
+        self._trajs = DenseSet(index.traj.size if self.weighting == "trajectory" else 0)
+        if length is None:
+            return
+        if self._track_ends:
+            rows = index.live_rows()
+            self._ends.add(rows[index.steps_before(rows) >= length - 1])
+        if self.weighting == "trajectory":
+            self._update_trajs(index.live_slots())
+
+    def _ensure(self, length: int) -> None:
+        if self._built_len != length:
+            self._build(length)
+
+    def _on_write(self, report: WriteReport) -> None:
+        length = self._built_len
+        if length is None:
+            return
+        index = self.index
+        if self._track_ends:
+            self._ends.discard(report.evicted_rows)
+            self._ends.discard(self._stale_ends(report, length))
+            new = report.new_rows
+            self._ends.add(new[index.steps_before(new) >= length - 1])
+        if self.weighting == "trajectory":
+            changed = np.concatenate([report.head_slots, report.freed_slots, report.touched_slots])
+            self._update_trajs(np.unique(changed))
+
+    def _update_trajs(self, slots: np.ndarray) -> None:
+        index = self.index
+        assert self._built_len is not None
+        self._trajs.grow(index.traj.size)
+        T = index.traj.a
+        alive = T["key"][slots] >= 0
+        long = T["last"][slots] - T["first"][slots] + 1 >= self._built_len
+        ok = alive & (long | (not self.strict_length))
+        self._trajs.discard(slots[~ok], unique=True)
+        self._trajs.add(slots[ok], unique=True)
+
+    def _stale_ends(self, report: WriteReport, length: int) -> np.ndarray:
+        """Ends that lost their full-length slice because older steps were overwritten.
+
+        A trajectory whose first live step moved from ``f0`` to ``f`` keeps every end at step
+        ``>= f + length - 1``; the ends at steps ``[max(f0 + length - 1, f), f + length - 2]``
+        become ineligible. Only trajectories cut by this write are visited.
+        """
+        slots = report.head_slots
+        if slots.size == 0 or length < 2:
+            return EMPTY
+        index = self.index
+        T = index.traj.a
+        first = T["first"][slots]
+        lo = np.maximum(report.head_old_first + length - 1 - first, 0)
+        hi = np.minimum(length - 2, T["last"][slots] - first)
+        count = np.maximum(hi - lo + 1, 0)
+        total = int(count.sum())
+        if total == 0:
+            return EMPTY
+        anchor = np.repeat(T["first_row"][slots], count)
+        offset = np.repeat(lo - (np.cumsum(count) - count), count) + np.arange(total, dtype=I64)
+        return index.rows_forward(anchor, offset)
+
+    # ------------------------------------------------------------------ drawing
+    def _no_slice_error(self, length: int) -> RuntimeError:
+        return RuntimeError(
+            f"no trajectory has {length} stored steps (slice_len={length}, "
+            f"strict_length=True): extend the buffer first, or pass strict_length=False"
+        )
+
+    def _pick(
+        self, count: int, length: int
+    ) -> tuple[np.ndarray, np.ndarray | int, np.ndarray, np.ndarray]:
+        """``count`` slices: ``(anchor rows, offset of each slice's end before its anchor,
+        steps stored before each end, training length)``."""
+        index = self.index
+        if len(index) == 0:
+            raise RuntimeError("cannot sample from an empty replay buffer")
+        if self.weighting == "trajectory":
+            n = len(self._trajs)
+            if n == 0:
+                raise self._no_slice_error(length)
+            slots = self._trajs.items[self._randint(n, count)]
+            return self._end_in_trajectory(slots, length)
+        if self.strict_length:
+            n = len(self._ends)
+            if n == 0:
+                raise self._no_slice_error(length)
+            ends = self._ends.items[self._randint(n, count)]
+            return ends, 0, index.steps_before(ends), np.full(count, length, dtype=I64)
+        ends = (index.lo + self._randint(len(index), count)) % index.capacity
+        before = index.steps_before(ends)
+        return ends, 0, before, np.minimum(before + 1, length)
+
+    def _end_in_trajectory(
+        self, slots: np.ndarray, length: int
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """A uniform slice position inside each of ``slots`` (TorchRL's rule)."""
+        T = self.index.traj.a
+        avail = T["last"][slots] - T["first"][slots] + 1
+        train = np.minimum(avail, length)
+        back = self._randint(avail - train + 1, slots.size)  # steps after the slice's end
+        return T["last_row"][slots], back, avail - 1 - back, train
+
+    def _draw(self, batch_size: int) -> Draw:
+        count, length = self.shape_for(batch_size)
+        self._ensure(length)
+        anchor, offset, before, train = self._pick(count, length)
+        burn = np.minimum(self.burn_in, before - (train - 1))
+        total = burn + train
+        rows = self.index.window_rows(anchor, offset, total, self.burn_in + length)
+        return Draw(rows=rows, length=total, burn=burn)
+
+    # ------------------------------------------------------------------ persistence
+    def config(self) -> dict[str, object]:
+        out = super().config()
+        out.update(
+            num_slices=self.num_slices,
+            slice_len=self.slice_len,
+            weighting=self.weighting,
+            strict_length=self.strict_length,
+            burn_in=self.burn_in,
+            end_key=None if self.end_key is None else list(self.end_key),
+            traj_key=None if self.traj_key is None else list(self.traj_key),
+        )
+        return out
+
+    def state_dict(self) -> State:
+        out = super().state_dict()
+        out["built_len"] = -1 if self._built_len is None else self._built_len
+        out.update(self._ends.state_dict("ends_"))
+        out.update(self._trajs.state_dict("trajs_"))
+        return out
+
+    def load_state_dict(self, state: State) -> None:
+        super().load_state_dict(state)
+        built = int(state["built_len"])  # type: ignore[arg-type]
+        self._built_len = None if built < 0 else built
+        self._ends.load_state_dict(state, "ends_")
+        self._trajs.load_state_dict(state, "trajs_")
+
+
+class SliceSamplerWithoutReplacement(SliceSampler):
+    """A :class:`SliceSampler` that visits every eligible item once per epoch.
+
+    The items are what the weighting draws: trajectories (``"trajectory"``: each eligible
+    trajectory yields one slice per epoch, at a random position — TorchRL's behaviour) or slice
+    positions (``"transition"``: every eligible slice end once per epoch). An epoch is a
+    shuffled snapshot of the items eligible when it starts (O(items) once per epoch, i.e.
+    O(1) amortised per item); items overwritten or no longer eligible are skipped, items
+    written during the epoch wait for the next one. ``ran_out`` becomes True with the last
+    batch of an epoch, which ends iteration over the buffer.
+
+    Args:
+        drop_last: drop the last, incomplete batch of an epoch (default: return it smaller).
+        shuffle: visit the items in random order (default) or in storage order.
+        **kwargs: as for :class:`SliceSampler`.
+
+    Examples:
+        >>> import torch
+        >>> from tensordict import TensorDict
+        >>> from splice.replay import LazyTensorStorage, ReplayBuffer
+        >>> from splice.replay import SliceSamplerWithoutReplacement
+        >>> sampler = SliceSamplerWithoutReplacement(slice_len=2, seed=0)
+        >>> rb = ReplayBuffer(storage=LazyTensorStorage(20), sampler=sampler, batch_size=4)
+        >>> ids = torch.tensor([0, 0, 0, 1, 1, 2, 2, 2, 2])
+        >>> _ = rb.extend(TensorDict({("collector", "traj_ids"): ids}, batch_size=[9]))
+        >>> [sorted(set(batch["collector", "traj_ids"].tolist())) for batch in rb]
+        [[0, 2], [1]]
+    """
+
+    def __init__(self, *, drop_last: bool = False, shuffle: bool = True, **kwargs: object) -> None:
+        super().__init__(**kwargs)  # type: ignore[arg-type]
+        self.drop_last = bool(drop_last)
+        self.shuffle = bool(shuffle)
+        self._epoch = EMPTY  # global positions ("transition") or slots ("trajectory")
+        self._epoch_gen = EMPTY  # slot generations ("trajectory")
+        self._cursor = 0
+
+    def _build(self, length: int | None) -> None:
+        super()._build(length)
+        self._epoch, self._epoch_gen, self._cursor = EMPTY, EMPTY, 0
+
+    def _new_epoch(self) -> None:
+        index = self.index
+        if self.weighting == "trajectory":
+            items = self._trajs.members().copy()
+            items.sort()
+        elif self.strict_length:
+            items = np.sort(index.global_position(self._ends.members()))
+        else:
+            items = np.arange(index.lo, index.write_count, dtype=I64)
+        if self.shuffle and items.size > 1:
+            items = items[torch.randperm(items.size, generator=self.generator).numpy()]
+        self._epoch = items
+        self._epoch_gen = index.traj.a["gen"][items] if self.weighting == "trajectory" else EMPTY
+        self._cursor = 0
+
+    def _valid(self, take: np.ndarray) -> np.ndarray:
+        index = self.index
+        items = self._epoch[take]
+        if self.weighting == "trajectory":
+            alive = index.traj.a["gen"][items] == self._epoch_gen[take]
+            return alive & self._trajs.contains(items)
+        live = items >= index.lo
+        if self.strict_length:
+            live[live] = self._ends.contains(items[live] % index.capacity)
+        return live
+
+    def _take(self, count: int) -> np.ndarray:
+        """Up to ``count`` valid item positions of the current epoch."""
+        got: list[np.ndarray] = []
+        need = count
+        while need > 0 and self._cursor < self._epoch.size:
+            take = np.arange(self._cursor, min(self._cursor + need, self._epoch.size))
+            self._cursor = int(take[-1]) + 1
+            ok = take[self._valid(take)]
+            got.append(ok)
+            need -= ok.size
+        return np.concatenate(got) if got else EMPTY
+
+    def _pick(
+        self, count: int, length: int
+    ) -> tuple[np.ndarray, np.ndarray | int, np.ndarray, np.ndarray]:
+        index = self.index
+        if len(index) == 0:
+            raise RuntimeError("cannot sample from an empty replay buffer")
+        self.ran_out = False
+        if self._cursor >= self._epoch.size or (
+            self.drop_last and self._epoch.size - self._cursor < count
+        ):
+            self._new_epoch()
+        take = self._take(count)
+        if take.size == 0 or (self.drop_last and take.size < count):
+            self._new_epoch()  # the rest of the epoch was stale
+            take = self._take(count)
+        if take.size == 0:
+            raise self._no_slice_error(length)
+        remaining = self._epoch.size - self._cursor
+        if remaining == 0 or (self.drop_last and remaining < count):
+            self.ran_out = True
+        items = self._epoch[take]
+        if self.weighting == "trajectory":
+            return self._end_in_trajectory(items, length)
+        ends = items % index.capacity
+        before = index.steps_before(ends)
+        return ends, 0, before, np.minimum(before + 1, length)
+
+    def config(self) -> dict[str, object]:
+        out = super().config()
+        out.update(drop_last=self.drop_last, shuffle=self.shuffle)
+        return out
+
+    def state_dict(self) -> State:
+        out = super().state_dict()
+        out.update(epoch=self._epoch, epoch_gen=self._epoch_gen, cursor=self._cursor)
+        return out
+
+    def load_state_dict(self, state: State) -> None:
+        super().load_state_dict(state)
+        self._epoch = np.asarray(state["epoch"], dtype=I64)
+        self._epoch_gen = np.asarray(state["epoch_gen"], dtype=I64)
+        self._cursor = int(state["cursor"])  # type: ignore[arg-type]

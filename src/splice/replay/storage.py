@@ -1,0 +1,272 @@
+"""Storages: a ring of ``max_size`` rows, one tensor per key, allocated from the first batch.
+
+* :class:`LazyTensorStorage` keeps the rows in memory (optionally on a device);
+* :class:`LazyMemmapStorage` keeps them in memory-mapped files under ``scratch_dir`` and is
+  crash safe: a process killed in the middle of ``extend`` leaves a directory that reopens at
+  its last completed extend.
+
+A storage only holds data; which trajectory each row belongs to is tracked by the buffer's
+index (:mod:`splice.replay.index`), whose per-row trajectory keys the storage keeps so that a
+memory-mapped buffer can rebuild it on reopening.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import tempfile
+import weakref
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from splice.replay._batch import Columns, Key, Schema
+from splice.replay._files import file_tensor, read_json, write_json_atomic
+from splice.replay._structures import I64
+
+__all__ = ["LazyMemmapStorage", "LazyTensorStorage", "Storage"]
+
+
+class Storage:
+    """Base class of the storages: a ring of ``max_size`` rows with lazily allocated columns.
+
+    Args:
+        max_size: capacity in steps (transitions).
+        device: where the columns live.
+    """
+
+    def __init__(self, max_size: int, *, device: torch.device | str = "cpu") -> None:
+        if not isinstance(max_size, int) or max_size < 1:
+            raise ValueError(f"max_size must be a positive int, got {max_size!r}")
+        self.max_size = max_size
+        self.device = torch.device(device)
+        self.schema: Schema | None = None
+        self.columns: Columns = {}
+        self._np: dict[Key, np.ndarray] = {}
+        self.row_key = np.full(max_size, -1, dtype=I64)
+        self._owner: object | None = None
+        # Test hook: called with "marked" and "written" during a write (crash tests).
+        self._on_stage: Callable[[str], None] | None = None
+
+    def __repr__(self) -> str:
+        keys = "unallocated" if self.schema is None else f"{len(self.schema.entries)} keys"
+        return f"{type(self).__name__}(max_size={self.max_size}, {keys})"
+
+    # ------------------------------------------------------------------ allocation
+    def _new_column(self, index: int, dtype: torch.dtype, shape: tuple[int, ...]) -> Tensor:
+        return torch.empty((self.max_size, *shape), dtype=dtype, device=self.device)
+
+    def allocate(self, schema: Schema) -> None:
+        """Create one column per schema entry (first batch only)."""
+        if self.schema is not None:
+            raise RuntimeError("storage already allocated")
+        self.columns = {
+            key: self._new_column(i, dtype, shape)
+            for i, (key, (dtype, shape)) in enumerate(schema.entries.items())
+        }
+        self.schema = schema
+        self._numpy_views()
+
+    def _numpy_views(self) -> None:
+        # numpy's take is faster than index_select for the small gathers of a sample.
+        self._np = {}
+        if self.device.type != "cpu":
+            return
+        for key, col in self.columns.items():
+            with contextlib.suppress(TypeError):  # dtypes numpy lacks (bfloat16...) use torch
+                self._np[key] = col.numpy()
+
+    # ------------------------------------------------------------------ data
+    def write(self, start_row: int, columns: Columns) -> None:
+        """Copy ``columns`` (``n <= max_size`` rows) to rows ``start_row, ...`` (wrapping)."""
+        first = next(iter(columns.values()))
+        n = first.shape[0]
+        head = min(n, self.max_size - start_row)
+        for key, dest in self.columns.items():
+            src = columns[key]
+            if src.device != dest.device:
+                src = src.to(dest.device)
+            dest[start_row : start_row + head].copy_(src[:head])
+            if head < n:
+                dest[: n - head].copy_(src[head:])
+
+    def gather(self, rows: Tensor) -> Columns:
+        """The given rows of every column (``rows``: int64 on the CPU, values in range)."""
+        if self.device.type == "cpu":
+            rows_np = rows.numpy()
+            out: Columns = {}
+            for key, col in self.columns.items():
+                arr = self._np.get(key)
+                out[key] = (
+                    torch.from_numpy(np.take(arr, rows_np, axis=0))
+                    if arr is not None
+                    else col.index_select(0, rows)
+                )
+            return out
+        rows = rows.to(self.device)
+        return {key: col.index_select(0, rows) for key, col in self.columns.items()}
+
+    # ------------------------------------------------------------------ durability hooks
+    def begin_write(self, rows: np.ndarray) -> None:
+        """Called before rows are overwritten (memory-mapped storages mark them)."""
+        if self._on_stage is not None:
+            self._on_stage("marked")
+
+    def commit(self, state: dict[str, object]) -> None:
+        """Called after a complete write with the buffer's small bookkeeping state."""
+        if self._on_stage is not None:
+            self._on_stage("written")
+
+    def recovered(self) -> dict[str, object] | None:
+        """State to reopen from (memory-mapped storages with existing data), else None."""
+        return None
+
+
+class LazyTensorStorage(Storage):
+    """In-memory storage of ``max_size`` steps, allocated from the first batch.
+
+    Args:
+        max_size: capacity in steps (transitions); the oldest steps are overwritten first.
+        device: device of the stored tensors (default CPU).
+
+    Examples:
+        >>> import torch
+        >>> from tensordict import TensorDict
+        >>> from splice.replay import LazyTensorStorage, ReplayBuffer
+        >>> rb = ReplayBuffer(storage=LazyTensorStorage(4), batch_size=2)
+        >>> _ = rb.extend(TensorDict({"observation": torch.arange(6.0)}, batch_size=[6]))
+        >>> len(rb), rb.write_count  # the ring keeps the 4 newest steps
+        (4, 6)
+        >>> rb.storage.columns[("observation",)]
+        tensor([4., 5., 2., 3.])
+    """
+
+
+class LazyMemmapStorage(Storage):
+    """Storage of ``max_size`` steps in memory-mapped files under ``scratch_dir``.
+
+    One raw file per key (plus the rows' trajectory keys and write sequence numbers) and a
+    ``meta.json`` that is rewritten atomically *after* every completed extend. An extend first
+    marks the rows it is about to overwrite, then writes the data, then the metadata; so a
+    process killed at any point leaves a directory that reopens at its last completed extend.
+    The rows an interrupted extend was overwriting (the oldest ones of a full buffer) are
+    dropped, as that extend was about to drop them anyway.
+
+    Passing the ``scratch_dir`` of an existing buffer reopens it (same ``max_size``).
+
+    Args:
+        max_size: capacity in steps.
+        scratch_dir: directory of the files; a fresh temporary directory (deleted with the
+            storage) when None.
+
+    Examples:
+        >>> import tempfile, torch
+        >>> from tensordict import TensorDict
+        >>> from splice.replay import LazyMemmapStorage, ReplayBuffer
+        >>> path = tempfile.mkdtemp()
+        >>> rb = ReplayBuffer(storage=LazyMemmapStorage(10, scratch_dir=path))
+        >>> _ = rb.extend(TensorDict({"observation": torch.arange(3.0)}, batch_size=[3]))
+        >>> del rb
+        >>> again = ReplayBuffer(storage=LazyMemmapStorage(10, scratch_dir=path))
+        >>> len(again), again[1]["observation"]
+        (3, tensor(1.))
+    """
+
+    FORMAT = "splice.memmap/1"
+
+    def __init__(self, max_size: int, *, scratch_dir: str | Path | None = None) -> None:
+        super().__init__(max_size, device="cpu")
+        if scratch_dir is None:
+            scratch_dir = tempfile.mkdtemp(prefix="splice-memmap-")
+            self._cleanup = weakref.finalize(self, shutil.rmtree, scratch_dir, True)
+        self.scratch_dir = Path(scratch_dir)
+        self.scratch_dir.mkdir(parents=True, exist_ok=True)
+        self._meta_path = self.scratch_dir / "meta.json"
+        self._seq = 0
+        self._meta: dict[str, object] | None = None
+        self._maps: list[np.memmap] = []
+        if self._meta_path.exists():
+            self._open()
+        else:
+            self.row_key = self._index_file("rows_key.bin", create=True)
+            self.row_seq = self._index_file("rows_seq.bin", create=True)
+            self.row_seq.fill(0)
+
+    def _map(self, name: str, dtype: torch.dtype, shape: tuple[int, ...], create: bool) -> Tensor:
+        tensor, raw = file_tensor(self.scratch_dir / name, dtype, shape, create=create)
+        if raw is not None:
+            self._maps.append(raw)
+        return tensor
+
+    def _index_file(self, name: str, *, create: bool) -> np.ndarray:
+        return self._map(name, torch.int64, (self.max_size,), create).numpy()
+
+    def _new_column(self, index: int, dtype: torch.dtype, shape: tuple[int, ...]) -> Tensor:
+        return self._map(f"col_{index:03d}.bin", dtype, (self.max_size, *shape), True)
+
+    def _open(self) -> None:
+        meta = read_json(self._meta_path)
+        if meta.get("format") != self.FORMAT:
+            raise ValueError(f"{self._meta_path}: not a splice memmap storage")
+        if meta["capacity"] != self.max_size:
+            raise ValueError(
+                f"{self.scratch_dir} holds a storage of max_size {meta['capacity']}, "
+                f"not {self.max_size}"
+            )
+        self.row_key = self._index_file("rows_key.bin", create=False)
+        self.row_seq = self._index_file("rows_seq.bin", create=False)
+        schema = meta.get("schema")
+        if schema is not None:
+            self.schema = Schema.from_json(schema)  # type: ignore[arg-type]
+            self.columns = {
+                key: self._map(f"col_{i:03d}.bin", dtype, (self.max_size, *shape), False)
+                for i, (key, (dtype, shape)) in enumerate(self.schema.entries.items())
+            }
+            self._numpy_views()
+        self._seq = int(meta["seq"])  # type: ignore[call-overload]
+        self._meta = meta
+
+    def recovered(self) -> dict[str, object] | None:
+        """The last committed state, with the rows of an interrupted extend dropped."""
+        if self._meta is None:
+            return None
+        state = dict(self._meta["buffer"])  # type: ignore[call-overload]
+        lo, count = int(state["lo"]), int(state["write_count"])
+        rows = np.arange(lo, count, dtype=I64) % self.max_size
+        torn = np.flatnonzero(self.row_seq[rows] > self._seq)
+        if torn.size:
+            # An interrupted extend was overwriting the oldest rows: drop up to the last one.
+            state["lo"] = lo + int(torn[-1]) + 1
+        return state
+
+    def begin_write(self, rows: np.ndarray) -> None:
+        # Mark first: a row whose sequence number is newer than the committed one may hold
+        # a torn write and is dropped on reopening.
+        self.row_seq[rows] = self._seq + 1
+        super().begin_write(rows)
+
+    def commit(self, state: dict[str, object]) -> None:
+        super().commit(state)
+        self._seq += 1
+        meta = {
+            "format": self.FORMAT,
+            "capacity": self.max_size,
+            "schema": None if self.schema is None else self.schema.to_json(),
+            "seq": self._seq,
+            "buffer": state,
+        }
+        write_json_atomic(self._meta_path, meta)
+        self._meta = meta
+
+    def flush(self) -> None:
+        """Force the files to disk (``msync`` + ``fsync``), for durability across power cuts.
+
+        Not needed to survive a killed process: the page cache keeps what was written.
+        """
+        for raw in self._maps:
+            raw.flush()
+        if self._meta is not None:
+            write_json_atomic(self._meta_path, self._meta, fsync=True)

@@ -1,0 +1,192 @@
+"""ReplayBuffer: layouts accepted by extend, atomic errors, the small API, priorities."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from replay_helpers import Stream, flat, padded
+from tensordict import TensorDict
+
+from splice.layout import DONE, MASK, TRAJ_IDS, LayoutError
+from splice.replay import (
+    LazyMemmapStorage,
+    LazyTensorStorage,
+    PrioritizedSliceSampler,
+    RandomSampler,
+    ReplayBuffer,
+    SliceSampler,
+)
+
+
+@pytest.fixture(params=["memory", "memmap"])
+def storage_factory(request, tmp_path):
+    def make(size: int):
+        if request.param == "memory":
+            return LazyTensorStorage(size)
+        return LazyMemmapStorage(size, scratch_dir=tmp_path / f"mm{np.random.randint(1e9)}")
+
+    return make
+
+
+def stored_g(rb: ReplayBuffer) -> list[int]:
+    rows = torch.from_numpy(rb.index.live_rows())
+    return rb.storage.gather(rows)[("g",)].tolist()
+
+
+def test_bt_batches_are_stored_env_major(storage_factory) -> None:
+    rb = ReplayBuffer(storage=storage_factory(100))
+    batch = Stream(3, 4.0).chunk(5)
+    rows = rb.extend(batch)
+    assert rows.tolist() == list(range(15))
+    assert stored_g(rb) == batch["g"].reshape(-1).tolist()  # env 0's 5 steps, then env 1's ...
+
+
+def test_padded_batches_drop_padding(storage_factory) -> None:
+    rb = ReplayBuffer(storage=storage_factory(100))
+    batch = padded(Stream(3, 4.0).chunk(6))
+    assert bool((~batch[MASK]).any())
+    rb.extend(batch)
+    assert len(rb) == 18
+    assert sorted(stored_g(rb)) == list(range(18))
+    assert MASK not in rb.storage.columns
+
+
+def test_negative_ids_are_padding(storage_factory) -> None:
+    rb = ReplayBuffer(storage=storage_factory(10))
+    rb.extend(TensorDict({TRAJ_IDS: torch.tensor([3, -1, 3, -1]), "g": torch.arange(4)}, [4]))
+    assert stored_g(rb) == [0, 2]
+
+
+def test_bad_batches_raise_and_leave_the_buffer_unchanged(storage_factory) -> None:
+    rb = ReplayBuffer(
+        storage=storage_factory(30), sampler=SliceSampler(slice_len=2, seed=0), batch_size=4
+    )
+    good = flat(Stream(2, 5.0).chunk(10))
+    rb.extend(good)
+    state = (len(rb), rb.write_count, stored_g(rb), rb.index.row_slot.copy())
+    bad_batches = {
+        "missing": good.exclude("t"),
+        "extra": good.clone().set("new", torch.zeros(20)),
+        "dtype": good.clone().set("t", torch.zeros(20, dtype=torch.int32)),
+        "shape": good.clone().set("observation", torch.zeros(20, 4)),
+        "done shape": good.clone().set(DONE, torch.zeros(20, dtype=torch.bool)),
+        "ids dtype": good.clone().set(TRAJ_IDS, torch.zeros(20, dtype=torch.int32)),
+        "mask": good.reshape(2, 10).set(MASK, torch.ones(2, 10)),
+    }
+    for name, bad in bad_batches.items():
+        with pytest.raises(LayoutError):
+            rb.extend(bad)
+        after = (len(rb), rb.write_count, stored_g(rb), rb.index.row_slot)
+        assert after[:3] == state[:3] and np.array_equal(after[3], state[3]), name
+    with pytest.raises(TypeError):
+        rb.extend({"x": 1})  # type: ignore[arg-type]
+    with pytest.raises(LayoutError, match="add"):
+        rb.extend(good[0])
+
+
+def test_error_messages_name_the_key() -> None:
+    rb = ReplayBuffer(storage=LazyTensorStorage(10))
+    rb.extend(TensorDict({"obs": torch.zeros(2, 3), "r": torch.zeros(2)}, [2]))
+    with pytest.raises(LayoutError, match=r"'obs'.*shape \[3\].*\[4\]"):
+        rb.extend(TensorDict({"obs": torch.zeros(2, 4), "r": torch.zeros(2)}, [2]))
+    with pytest.raises(LayoutError, match=r"missing keys 'r'"):
+        rb.extend(TensorDict({"obs": torch.zeros(2, 3)}, [2]))
+
+
+def test_len_write_count_getitem_empty_iter(storage_factory) -> None:
+    rb = ReplayBuffer(storage=storage_factory(8), sampler=RandomSampler(seed=0), batch_size=3)
+    rb.extend(TensorDict({"g": torch.arange(5)}, [5]))
+    rb.extend(TensorDict({"g": torch.arange(5, 12)}, [7]))
+    assert (len(rb), rb.write_count) == (8, 12)
+    assert rb[0]["g"].item() == 8 and rb[torch.tensor([4, 5])]["g"].tolist() == [4, 5]
+    batches = iter(rb)
+    assert next(batches).batch_size == torch.Size([3])  # with replacement: never ends
+    rb.empty()
+    assert (len(rb), rb.write_count) == (0, 0)
+    with pytest.raises(IndexError):
+        rb[0]
+    with pytest.raises(RuntimeError, match="empty"):
+        rb.sample()
+    rb.extend(TensorDict({"g": torch.arange(2)}, [2]))
+    assert stored_g(rb) == [0, 1]
+
+
+def test_storage_and_sampler_belong_to_one_buffer() -> None:
+    storage, sampler = LazyTensorStorage(4), RandomSampler()
+    ReplayBuffer(storage=storage, sampler=sampler)
+    with pytest.raises(ValueError, match="storage"):
+        ReplayBuffer(storage=storage)
+    with pytest.raises(ValueError, match="sampler"):
+        ReplayBuffer(storage=LazyTensorStorage(4), sampler=sampler)
+
+
+def test_samplers_never_touch_the_global_rng() -> None:
+    torch.manual_seed(123)
+    expected = torch.rand(3)
+    torch.manual_seed(123)
+    rb = ReplayBuffer(
+        storage=LazyTensorStorage(100), sampler=SliceSampler(slice_len=2), batch_size=4
+    )
+    rb.extend(flat(Stream(2, 5.0).chunk(20)))
+    rb.sample()
+    assert torch.equal(torch.rand(3), expected)
+
+
+def test_same_seed_same_samples() -> None:
+    def run(seed: int) -> torch.Tensor:
+        rb = ReplayBuffer(
+            storage=LazyTensorStorage(100),
+            sampler=SliceSampler(slice_len=3, seed=seed),
+            batch_size=9,
+        )
+        rb.extend(flat(Stream(2, 5.0).chunk(20)))
+        return torch.stack([rb.sample()["g"] for _ in range(3)])
+
+    assert torch.equal(run(1), run(1))
+    assert not torch.equal(run(1), run(2))
+
+
+def test_priorities_update_and_shape_the_draws() -> None:
+    sampler = PrioritizedSliceSampler(alpha=1.0, beta=1.0, eta=0.5, slice_len=3, seed=0)
+    rb = ReplayBuffer(storage=LazyTensorStorage(64), sampler=sampler, batch_size=3 * 400)
+    ids = torch.arange(40) // 10  # four 10-step trajectories
+    rb.extend(TensorDict({TRAJ_IDS: ids, "g": torch.arange(40)}, [40]))
+    # Uniform at first: new slices all get the same (max) priority.
+    s, info = rb.sample(return_info=True, as_sequences=True)
+    assert torch.allclose(info["priority_weight"], torch.ones(400))
+    # Per-step priorities: step 25 is hot. R2D2: slice priority = .5 max + .5 mean.
+    prio = torch.full((40,), 0.1)
+    prio[25] = 10.0
+    rb.update_priority(torch.arange(40), prio)
+    leaves = sampler._sum.get(np.arange(40))
+    for end in range(40):
+        if end % 10 < 2:
+            assert leaves[end] == 0  # no 3-step slice ends there
+            continue
+        window = prio[end - 2 : end + 1].double() + sampler.eps
+        expected = 0.5 * window.max() + 0.5 * window.mean()
+        assert leaves[end] == pytest.approx(float(expected))
+    s, info = rb.sample(return_info=True, as_sequences=True)
+    hot = (s["g"] == 25).any(1)
+    assert hot.float().mean() > 0.8  # three hot slices vs 29 cold ones, ~50x the priority
+    w = info["priority_weight"]
+    assert bool((w[hot] < w[~hot].min()).all()) and float(w.max()) <= 1.0
+    assert torch.equal(s["priority_weight"][:, 0], w)
+    # A per-slice priority broadcasts over the slice's steps.
+    rb.update_priority(s["index"][:1], torch.tensor([0.0]))
+    end = int(s["index"][0, -1])
+    assert sampler._sum.get(np.array([end]))[0] == pytest.approx(sampler.eps)
+    with pytest.raises(ValueError, match="priorities"):
+        rb.update_priority(torch.arange(2), torch.tensor([1.0, -1.0]))
+
+
+def test_update_priority_ignores_padding_and_empty_rows() -> None:
+    sampler = PrioritizedSliceSampler(alpha=1.0, beta=1.0, slice_len=2, seed=0)
+    rb = ReplayBuffer(storage=LazyTensorStorage(6), sampler=sampler, batch_size=4)
+    rb.extend(TensorDict({TRAJ_IDS: torch.tensor([0, 0, 0])}, [3]))
+    before = sampler._sum.get(np.arange(6)).copy()
+    rb.update_priority(torch.tensor([-1, 4, 5]), 5.0)  # padding, never-written rows
+    assert np.array_equal(before, sampler._sum.get(np.arange(6)))
+    with pytest.raises(IndexError):
+        rb.update_priority(torch.tensor([6]), 1.0)
