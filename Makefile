@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.splice-installed
 
-.PHONY: demo test bench lint format
+.PHONY: demo test bench docs lint format
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -23,6 +23,11 @@ test: $(STAMP)
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 	$(BIN)/pytest
+
+## docs: the documentation site, tutorials executed at full size (open docs/_build/html/index.html)
+docs: $(STAMP)
+	SPLICE_DOCS_BUDGET=full MPLBACKEND=Agg $(BIN)/sphinx-build -W --keep-going -b html docs docs/_build/html
+	@echo "docs built: open docs/_build/html/index.html"
 
 ## bench: every benchmark, splice vs TorchRL vs the raw limit
 bench: $(STAMP)

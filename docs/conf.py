@@ -27,11 +27,12 @@ extensions = [
 html_theme = "furo"
 html_title = "splice"
 html_static_path = ["_static"]
+html_css_files = ["custom.css"]
 templates_path: list[str] = []
 exclude_patterns = ["_build", "Thumbs.db", ".DS_Store", "tutorials/*.ipynb"]
 source_suffix = {".rst": "restructuredtext", ".md": "markdown"}
 
-autodoc_default_options = {"members": True, "show-inheritance": True}
+autodoc_default_options = {"show-inheritance": True}
 autodoc_typehints = "description"
 autodoc_member_order = "bysource"
 autosummary_generate = True
@@ -55,6 +56,8 @@ sphinx_gallery_conf = {
     "abort_on_example_error": True,
     "show_memory": False,
     "matplotlib_animations": False,
+    # Always execute: the output depends on the budget and on splice, not only on the script.
+    "run_stale_examples": True,
 }
 
 # Tutorials run at a small budget in CI (SPLICE_DOCS_BUDGET=small) and at full size otherwise.

@@ -53,16 +53,27 @@ __all__ = [
     "validate_batch",
 ]
 
+#: The sub-TensorDict holding what the env returned after the step's action.
 NEXT = "next"
+#: The observation entering the step (env's dtype and shape; nested keys for Dict spaces).
 OBSERVATION = "observation"
+#: The action taken at the step.
 ACTION = "action"
+#: bool ``[..., 1]``: the step is the first of an episode.
 IS_INIT = "is_init"
+#: The observation after the action: at an episode's end the TRUE final one, never a reset.
 NEXT_OBSERVATION = (NEXT, OBSERVATION)
+#: float ``[..., 1]``: the reward of the transition.
 REWARD = (NEXT, "reward")
+#: bool ``[..., 1]``: ``terminated | truncated`` (the env ended the episode).
 DONE = (NEXT, "done")
+#: bool ``[..., 1]``: the MDP ended; do not bootstrap from the next observation.
 TERMINATED = (NEXT, "terminated")
+#: bool ``[..., 1]``: a time limit ended the episode; bootstrap from the next observation.
 TRUNCATED = (NEXT, "truncated")
+#: int64 ``[...]``: the trajectory id, unique and never reused; ``-1`` only on padding.
 TRAJ_IDS = ("collector", "traj_ids")
+#: bool ``[...]``: True on real steps, False on padding (padded and nested layouts).
 MASK = ("collector", "mask")
 #: True on the last step of a trajectory *fragment* that the collector cut at a batch edge:
 #: the episode goes on in the next batch under the same id. The environment did not end it,
