@@ -44,6 +44,7 @@ nitpicky = False
 
 plot_include_source = False
 plot_html_show_source_link = False
+plot_html_show_formats = False
 plot_formats = [("png", 110)]
 
 sphinx_gallery_conf = {

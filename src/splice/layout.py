@@ -61,7 +61,7 @@ OBSERVATION = "observation"
 ACTION = "action"
 #: bool ``[..., 1]``: the step is the first of an episode.
 IS_INIT = "is_init"
-#: The observation after the action: at an episode's end the TRUE final one, never a reset.
+#: The observation after the action; at an episode's end the TRUE final one, never a reset.
 NEXT_OBSERVATION = (NEXT, OBSERVATION)
 #: float ``[..., 1]``: the reward of the transition.
 REWARD = (NEXT, "reward")

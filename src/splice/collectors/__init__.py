@@ -1,9 +1,9 @@
 """Collectors: a policy stepping environments, batches out.
 
-* :class:`Collector` — one process; iterate for batches, or :meth:`Collector.start` to fill a
-  replay buffer from a background thread;
+* :class:`~splice.Collector` — one process; iterate for batches, or
+  :meth:`~splice.Collector.start` to fill a replay buffer from a background thread;
 * :class:`RolloutLoop` — the reusable single-process collection loop behind every collector;
-* :class:`TrajectoryIds` — the id spaces that keep trajectory ids unique across collectors.
+* :class:`~splice.TrajectoryIds` — the id spaces that keep trajectory ids unique across collectors.
 """
 
 from splice.collectors.background import BackgroundRunner

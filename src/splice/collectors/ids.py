@@ -30,7 +30,7 @@ import numpy as np
 
 __all__ = ["ID_BITS", "MAX_WORKER_ID", "TrajectoryIds", "worker_of"]
 
-#: Bits of the per-space counter: each id space holds ``2**ID_BITS`` ids.
+#: Bits of the per-space counter (each id space holds ``2**ID_BITS`` ids).
 ID_BITS = 40
 #: The largest ``worker_id`` (ids stay positive int64).
 MAX_WORKER_ID = 2 ** (63 - ID_BITS) - 1

@@ -99,7 +99,7 @@ class RolloutLoop:
         seed: seeds the first reset and the random actions.
         device: where the policy runs (``None``: CPU).
         storing_device: where batches are returned (``None``: CPU).
-        track_episodes: compute :attr:`episodes` (returns and lengths) for every batch.
+        track_episodes: compute ``episodes`` (returns and lengths) for every batch.
 
     Raises:
         ValueError: ``steps < 1``, a bad ``max_frames_per_traj``, or ``max_frames_per_traj``
@@ -251,7 +251,7 @@ class RolloutLoop:
 
     @property
     def frames_per_batch(self) -> int:
-        """``B * T``: the frames in every batch."""
+        """The frames in every batch, ``B * T``."""
         return self._b * self.steps
 
     def restart(self) -> None:

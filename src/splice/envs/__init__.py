@@ -1,5 +1,5 @@
 """Environment adapters: gymnasium ``Env`` and ``VectorEnv`` (all autoreset modes) as one
-normalized step stream for the collector loop (see :mod:`splice.envs.base`).
+normalized step stream for the collector loop (see :class:`~splice.envs.EnvAdapter`).
 
 Examples:
     >>> from splice.envs import make_adapter

@@ -2,15 +2,15 @@
 
 Names follow TorchRL so that code ports by changing imports:
 
-* storages :class:`LazyTensorStorage` (memory) and :class:`LazyMemmapStorage` (files, crash
-  safe);
-* :class:`ReplayBuffer` — ``extend`` any collector layout, ``sample``, ``dumps``/``loads``;
-* samplers :class:`RandomSampler`, :class:`SliceSampler`,
-  :class:`SliceSamplerWithoutReplacement`, :class:`PrioritizedSliceSampler`;
+* storages :class:`~splice.LazyTensorStorage` (memory) and
+  :class:`~splice.LazyMemmapStorage` (files, crash safe);
+* :class:`~splice.ReplayBuffer` — ``extend`` any collector layout, ``sample``, ``dumps``/``loads``;
+* samplers :class:`~splice.RandomSampler`, :class:`~splice.SliceSampler`,
+  :class:`~splice.SliceSamplerWithoutReplacement`, :class:`~splice.PrioritizedSliceSampler`;
 * :class:`ReplayIndex` — the incremental trajectory index behind O(batch) slice sampling.
 
 Output keys added to samples: ``"index"``, ``"priority_weight"``, ``("collector", "mask")``
-and :data:`BURN_IN` (``("collector", "burn_in")``).
+and :data:`~splice.replay.BURN_IN` (``("collector", "burn_in")``).
 """
 
 from splice.replay._output import BURN_IN

@@ -1,8 +1,8 @@
 """Trajectory operations: pure tensor code, no environments.
 
-* :func:`split_trajectories` — steps to one row per trajectory (padded + mask, or nested);
-* :func:`cat_trajectories` — its inverse, the flat "cat" layout;
-* :class:`TrajectoryAssembler` — streaming: collector chunks in, complete episodes out.
+* :func:`~splice.split_trajectories` — steps to one row per trajectory (padded + mask, or nested);
+* :func:`~splice.cat_trajectories` — its inverse, the flat "cat" layout;
+* :class:`~splice.TrajectoryAssembler` — streaming: collector chunks in, complete episodes out.
 """
 
 from splice.trajectories.assembler import TrajectoryAssembler

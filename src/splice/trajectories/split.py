@@ -107,10 +107,11 @@ def cat_trajectories(
 ) -> TensorDict:
     """Flatten trajectories back to the "cat" layout ``[sum of lengths]``: the inverse split.
 
-    Accepts the padded ``[n_traj, max_len]`` output of :func:`split_trajectories` (padding is
-    dropped using the mask) or its nested output. Steps come out trajectory after trajectory,
-    in time order; the mask key is removed. ``cat_trajectories(split_trajectories(x))`` equals
-    ``x`` with its steps reordered by trajectory, exactly.
+    Accepts the padded ``[n_traj, max_len]`` output of :func:`~splice.split_trajectories`
+    (padding is dropped using the mask) or its nested output. Steps come out trajectory after
+    trajectory, in time order; the mask key is removed.
+    ``cat_trajectories(split_trajectories(x))`` equals ``x`` with its steps reordered by
+    trajectory, exactly.
 
     Args:
         td: padded or nested trajectories.
