@@ -32,9 +32,9 @@ def _positive_int(name: str, value: Any) -> int:
 class Collector:
     """Collect batches of experience from a gymnasium env (or vector env) with a policy.
 
-    Iterating yields batches that follow the data contract (``docs/data_contract.rst``): a ``[B, T]``
-    TensorDict for ``B`` vectorized envs, ``[T]`` for a single ``gymnasium.Env``, with
-    ``T = ceil(frames_per_batch / B)``. Argument names follow TorchRL's ``Collector``.
+    Iterating yields batches that follow the data contract (``docs/data_contract.rst``): a
+    ``[B, T]`` TensorDict for ``B`` vectorized envs, ``[T]`` for a single ``gymnasium.Env``,
+    with ``T = ceil(frames_per_batch / B)``. Argument names follow TorchRL's ``Collector``.
 
     Every step carries a trajectory id (``("collector", "traj_ids")``, int64) that is unique
     across the envs, batches and collectors (see ``worker_id``) and never reused; an episode cut
