@@ -73,24 +73,21 @@ def raw_nested(batch: TensorDict) -> Callable[[], object]:
 
 
 def split_cases(quick: bool) -> list[tuple[str, TensorDict]]:
-    n = 1000 if not quick else 200
-    flat_n = 100_000 if not quick else 10_000
+    """The issue's cases; ``quick`` shrinks them ~20x for the CI smoke run."""
+    n, flat_n = (50, 5_000) if quick else (1000, 100_000)
     pix = {"obs_shape": (84, 84), "obs_dtype": torch.uint8}
-    cases = [
-        ("[8,1000] obs4 mean20", synthetic_rollout(8, n, 20.0, seed=0)),
-        ("[8,1000] obs4 mean200", synthetic_rollout(8, n, 200.0, seed=0)),
-        ("[8,1000] pix84 mean20", synthetic_rollout(8, n, 20.0, seed=0, **pix)),
-        ("[8,1000] pix84 mean200", synthetic_rollout(8, n, 200.0, seed=0, **pix)),
-        ("flat [100000] obs4 mean20", synthetic_rollout(1, flat_n, 20.0, seed=0).reshape(-1)),
+    return [
+        (f"[8,{n}] obs4 mean20", synthetic_rollout(8, n, 20.0, seed=0)),
+        (f"[8,{n}] obs4 mean200", synthetic_rollout(8, n, 200.0, seed=0)),
+        (f"[8,{n}] pix84 mean20", synthetic_rollout(8, n, 20.0, seed=0, **pix)),
+        (f"[8,{n}] pix84 mean200", synthetic_rollout(8, n, 200.0, seed=0, **pix)),
+        (f"flat [{flat_n}] obs4 mean20", synthetic_rollout(1, flat_n, 20.0, seed=0).reshape(-1)),
     ]
-    if quick:
-        cases = [(name.replace("1000", "200").replace("100000", "10000"), b) for name, b in cases]
-    return cases
 
 
 def bench_split(quick: bool) -> list[list[object]]:
     rows = []
-    rounds = 3 if quick else 5
+    rounds = 1 if quick else 5
     for name, batch in split_cases(quick):
         n_traj = int(batch[TRAJ_IDS].unique().numel())
         for nested in (False, True):
@@ -152,7 +149,7 @@ def bench_cat(quick: bool) -> list[list[object]]:
                 "torchrl": lambda p=padded, m=mask: p[m],
                 "raw": lambda ts=tensors, k=keep: [x.index_select(0, k) for x in ts],
             },
-            rounds=3 if quick else 7,
+            rounds=1 if quick else 7,
         )
         rows.append(
             [
@@ -217,7 +214,7 @@ def assembler_row(batches: list[TensorDict], label: str, traj_format: str) -> li
     contenders: dict[str, Callable[[], object]] = {"splice": run_splice, "raw": run_raw}
     if torchrl_split is not None:
         contenders["torchrl"] = run_torchrl
-    t = interleaved(contenders, rounds=3)
+    t = interleaved(contenders, rounds=1 if len(batches) < 10 else 3)
 
     def fps(name: str) -> str:
         return f"{n_frames / t[name].median:,.0f}" if name in t else "n/a"
@@ -228,7 +225,7 @@ def assembler_row(batches: list[TensorDict], label: str, traj_format: str) -> li
 
 
 def bench_assembler(quick: bool) -> list[list[object]]:
-    n_batches = 40 if quick else 250
+    n_batches = 5 if quick else 250
     rows = []
     for mean_len in (20.0, 200.0):
         batches = chunks(n_batches, mean_len)

@@ -21,3 +21,21 @@ def test_bench_collector_quick():
     table = out.stdout.splitlines()
     assert any(line.startswith("| 1 env ") and "random" in line for line in table)
     assert any("1024 envs" in line and "n/a" in line for line in table)  # TorchRL cannot run it
+
+
+def test_bench_trajectories_quick():
+    out = subprocess.run(
+        [sys.executable, "-m", "benchmarks.bench_trajectories", "--quick"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    lines = out.stdout.splitlines()
+    for section in ("## split_trajectories", "## Peak extra memory", "## cat_trajectories"):
+        assert any(line.startswith(section) for line in lines), section
+    assert (
+        sum("| flat [5000] obs4 mean20" in line for line in lines) == 5
+    )  # split x2, memory x2, cat
+    assert any(line.startswith("| mean 200, cat") for line in lines)
