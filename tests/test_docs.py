@@ -162,3 +162,18 @@ def test_getting_started_quickstart_is_the_readme_one() -> None:
             break
         lines.append(line[3:])
     assert "\n".join(lines).strip() == _readme_quickstart().strip()
+
+
+def test_tutorial_1_runs_at_full_budget() -> None:
+    """``make docs`` runs the tutorials at full size; tutorial 1 is quick enough to check here."""
+    script = ROOT / "tutorials" / "tutorial_1_trajectory_assembly.py"
+    env = dict(os.environ, SPLICE_DOCS_BUDGET="full", MPLBACKEND="Agg")
+    result = subprocess.run(
+        [sys.executable, str(script)],
+        cwd=script.parent,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]

@@ -792,7 +792,7 @@ flat.batch_size, run_len
 
 SLICE = 24
 rb = ReplayBuffer(
-    storage=LazyTensorStorage(10_000),
+    storage=LazyTensorStorage(stream.numel()),  # room for the whole stream
     sampler=SliceSampler(slice_len=SLICE, as_sequences=True, seed=0),
     batch_size=32 * SLICE,
 )
@@ -849,7 +849,7 @@ plot_slices(whole, positions, chunk_edges, SLICE)
 # ``SliceSampler`` fails on it with its default storage), and the padding is dropped:
 
 rb_episodes = ReplayBuffer(
-    storage=LazyTensorStorage(10_000),
+    storage=LazyTensorStorage(TPB_FRAMES),
     sampler=SliceSampler(slice_len=SLICE, as_sequences=True, seed=0),
     batch_size=8 * SLICE,
 )
