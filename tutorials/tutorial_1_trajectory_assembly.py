@@ -69,7 +69,6 @@ T = 100  # steps per environment in one batch
 N_BATCHES = 6 if SMALL else 12  # batches in the main stream of data
 torch.manual_seed(0)
 torch.set_num_threads(1)  # tiny networks run fastest on one CPU thread
-# sphinx_gallery_thumbnail_number = 6
 
 
 def make_env(mode=AutoresetMode.NEXT_STEP):
@@ -214,7 +213,7 @@ def plot_slices(whole, positions, chunk_edges, slice_len):
             )
     labels = [f"id {int(whole['collector', 'traj_ids'][k, 0])}" for k in shown]
     ax.set_yticks(range(len(shown)), labels, fontsize=7)
-    ax.invert_yaxis()
+    ax.set_ylim(len(shown) - 0.5, -0.5)
     ax.set_xlabel(
         "step within the episode (grey: episode, red: batch edges, blue: slices)"
     )
@@ -846,16 +845,28 @@ plot_slices(whole, positions, chunk_edges, SLICE)
 #
 # The buffer accepts every layout the collector produces, not only raw ``[B, T]``
 # batches: the padded output of ``trajs_per_batch`` can be written directly (TorchRL's
-# ``SliceSampler`` fails on it with its default storage), and the padding is dropped:
+# ``SliceSampler`` fails on it with its default storage), and the padding is dropped.
+# Given a ``replay_buffer``, the collector of section 5 writes each output itself (and
+# still yields it); the last output brings the unfinished episodes, marked cut.
 
 rb_episodes = ReplayBuffer(
     storage=LazyTensorStorage(TPB_FRAMES),
     sampler=SliceSampler(slice_len=SLICE, as_sequences=True, seed=0),
     batch_size=8 * SLICE,
 )
-for out in outputs:
-    rb_episodes.extend(out)
-assert len(rb_episodes) == TPB_FRAMES  # exactly the real steps
+collector = Collector(
+    make_env(),
+    policy,
+    frames_per_batch=N_ENVS * T,
+    total_frames=TPB_FRAMES,
+    trajs_per_batch=N_ENVS,
+    replay_buffer=rb_episodes,
+    seed=1,
+)
+n_outputs = len(list(collector))
+collector.shutdown()
+assert n_outputs == len(outputs)  # the same run as in section 5
+assert len(rb_episodes) == TPB_FRAMES  # exactly the real steps, no padding
 assert (rb_episodes.sample()["index"] >= 0).all()  # no padding sampled
 
 # %%
