@@ -50,9 +50,12 @@ def ids_td(ids: list[int]) -> TensorDict:
 
 
 def t_collector(**kw) -> TCollector:
+    """A TorchRL collector on CartPole with a seeded env (and torch seeded by conftest)."""
     kw.setdefault("frames_per_batch", 50)
     kw.setdefault("total_frames", 50)
-    return TCollector(GymEnv("CartPole-v1"), None, **kw)
+    env = GymEnv("CartPole-v1")
+    env.set_seed(0)
+    return TCollector(env, None, **kw)
 
 
 def s_collector(env="CartPole-v1", policy=None, **kw) -> Collector:
@@ -442,3 +445,46 @@ def test_sampler_extras():
     sample, info = rb.sample(return_info=True)
     assert sample.batch_size == (4, 6) and ("collector", "burn_in") in sample.keys(True)
     assert torch.equal(info["initial_state"]["hidden"], sample["hidden"][:, 0])
+
+
+def test_tensordict_replay_buffer_marks_match():
+    """The marks splice writes into every sample are those of TorchRL's TensorDictReplayBuffer."""
+    from torchrl.data import TensorDictReplayBuffer
+
+    batch = _cartpole_batch(n_env=1, frames=200)[0]
+    trb = TensorDictReplayBuffer(
+        storage=TStorage(1000),
+        sampler=TSliceSampler(slice_len=8, end_key=("next", "done")),
+        batch_size=32,
+    )
+    trb.extend(batch)
+    sample = trb.sample()
+    assert sample["next", "truncated"].reshape(4, 8)[:, -1].all()
+    assert sample["is_init"].reshape(4, 8)[:, 0].all()
+
+
+def test_default_weighting_is_per_trajectory():
+    """A 4-step and a 100-step episode: TorchRL and splice's default pick each half the time;
+    ``weighting="transition"`` picks by stored steps."""
+    ids = torch.tensor([0] * 4 + [1] * 100)
+    td = ids_td(ids.tolist())
+    td["next", "done"] = torch.zeros(104, 1, dtype=torch.bool)
+    td["next", "done"][[3, 103]] = True
+    torch.manual_seed(0)
+    trb = TReplayBuffer(
+        storage=TStorage(200),
+        sampler=TSliceSampler(slice_len=2, traj_key=("collector", "traj_ids")),
+        batch_size=2000,
+    )
+    trb.extend(td)
+    short = (trb.sample()["collector", "traj_ids"] == 0).float().mean()
+    assert 0.4 < short < 0.6
+    for weighting, low, high in [("trajectory", 0.4, 0.6), ("transition", 0.0, 0.07)]:
+        rb = ReplayBuffer(
+            storage=LazyTensorStorage(200),
+            sampler=SliceSampler(slice_len=2, weighting=weighting, seed=0),
+            batch_size=2000,
+        )
+        rb.extend(td)
+        short = (rb.sample()["collector", "traj_ids"] == 0).float().mean()
+        assert low < short < high, weighting
