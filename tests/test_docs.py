@@ -177,3 +177,19 @@ def test_tutorial_1_runs_at_full_budget() -> None:
         timeout=240,
     )
     assert result.returncode == 0, result.stderr[-3000:]
+
+
+def test_index_snippet_runs(tmp_path: Path) -> None:
+    page = (DOCS / "index.rst").read_text()
+    block = page.split(".. code-block:: python\n", 1)[1]
+    lines = []
+    for line in block.splitlines()[1:]:
+        if line and not line.startswith("   "):
+            break
+        lines.append(line[3:])
+    script = tmp_path / "snippet.py"
+    script.write_text("\n".join(lines) + "\nassert episodes.batch_size[0] > 8\n")
+    result = subprocess.run(
+        [sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
