@@ -221,3 +221,10 @@ def test_cut_flag_survives_the_split() -> None:
     lengths = out[MASK].sum(1)
     last_cut = out[CUT][torch.arange(out.shape[0]), lengths - 1]
     assert int(last_cut.sum()) == int(batch[CUT].sum()) == 2
+
+
+def test_non_tensor_entries_are_refused_by_name() -> None:
+    td = TensorDict({TRAJ_IDS: torch.tensor([0, 0, 1])}, [3])
+    td.set_non_tensor("note", "hello")
+    with pytest.raises(LayoutError, match=r"key 'note' holds .*not a tensor"):
+        split_trajectories(td)

@@ -26,12 +26,13 @@ Examples:
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 import torch
-from tensordict import TensorDictBase
+from tensordict import TensorDictBase, is_non_tensor
 from tensordict.utils import NestedKey
+from torch import Tensor
 
 __all__ = [
     "ACTION",
@@ -50,6 +51,7 @@ __all__ = [
     "KeySpec",
     "LayoutError",
     "as_key_tuple",
+    "tensor_leaves",
     "validate_batch",
 ]
 
@@ -138,6 +140,33 @@ def as_key_tuple(key: NestedKey) -> tuple[str, ...]:
     for part in key:
         out.extend(as_key_tuple(part))
     return tuple(out)
+
+
+def tensor_leaves(
+    td: TensorDictBase, *, context: str = "a batch", error: type[ValueError] = LayoutError
+) -> Iterator[tuple[tuple[str, ...], Tensor]]:
+    """Every leaf of ``td`` with its key as a flat tuple; a non-tensor leaf raises ``error``.
+
+    Examples:
+        >>> import torch
+        >>> from tensordict import TensorDict
+        >>> td = TensorDict({("next", "done"): torch.zeros(2, 1, dtype=torch.bool)}, [2])
+        >>> [key for key, _ in tensor_leaves(td)]
+        [('next', 'done')]
+    """
+    for key, value in td.items(include_nested=True, leaves_only=True, is_leaf=_is_leaf):
+        if not isinstance(value, Tensor):
+            raise error(
+                f"key {_fmt(key)} holds {type(value).__name__}, not a tensor: {context} holds "
+                "tensor entries only"
+            )
+        yield as_key_tuple(key), value
+
+
+def _is_leaf(cls: type) -> bool:
+    # tensordict skips non-tensor entries when it lists leaves; count them, so they are refused
+    # instead of silently dropped.
+    return not issubclass(cls, TensorDictBase) or is_non_tensor(cls)
 
 
 def _fmt(key: NestedKey) -> str:

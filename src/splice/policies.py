@@ -61,7 +61,7 @@ from tensordict import TensorDict, TensorDictBase
 from tensordict.utils import NestedKey
 
 from splice.envs.spaces import Leaf, check_action_dtype
-from splice.layout import ACTION, IS_INIT, NEXT, as_key_tuple
+from splice.layout import ACTION, IS_INIT, NEXT, tensor_leaves
 
 __all__ = ["Policy", "PolicyError", "PolicyRunner", "RandomPolicy"]
 
@@ -125,15 +125,7 @@ class RandomPolicy:
 
 
 def _leaf_items(td: TensorDictBase) -> list[tuple[Key, torch.Tensor]]:
-    out = []
-    for key, value in td.items(include_nested=True, leaves_only=True):
-        if not isinstance(value, torch.Tensor):
-            raise PolicyError(
-                f"policy output {as_key_tuple(key)!r} is a {type(value).__name__}, not a tensor; "
-                "the collector stores tensors only"
-            )
-        out.append((as_key_tuple(key), value))
-    return out
+    return list(tensor_leaves(td, context="a policy's output", error=PolicyError))
 
 
 def _numpy_dtype(key: Key, dtype: torch.dtype) -> np.dtype:

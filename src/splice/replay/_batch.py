@@ -22,7 +22,7 @@ import torch
 from tensordict import TensorDictBase
 from torch import Tensor
 
-from splice.layout import CUT, MASK, LayoutError, as_key_tuple, validate_batch
+from splice.layout import CUT, MASK, LayoutError, tensor_leaves, validate_batch
 
 __all__ = ["Columns", "FlatBatch", "Schema", "flatten_batch", "fmt_key"]
 
@@ -107,13 +107,7 @@ class FlatBatch:
 
 
 def _leaves(td: TensorDictBase) -> Iterator[tuple[Key, Tensor]]:
-    for key, value in td.items(include_nested=True, leaves_only=True):
-        if not isinstance(value, Tensor):
-            raise LayoutError(
-                f"key {fmt_key(as_key_tuple(key))} holds {type(value).__name__}, not a tensor; "
-                "a replay buffer stores tensor entries only"
-            )
-        yield as_key_tuple(key), value
+    return tensor_leaves(td, context="a replay buffer")
 
 
 def flatten_batch(td: TensorDictBase, ids_key: Key | None, first: bool) -> FlatBatch:

@@ -9,20 +9,14 @@ from tensordict import TensorDict, TensorDictBase
 from tensordict.utils import NestedKey
 from torch import Tensor
 
-from splice.layout import as_key_tuple
+from splice.layout import as_key_tuple, tensor_leaves
 
 Key = tuple[str, ...]
 
 
 def leaves(td: TensorDictBase) -> Iterator[tuple[Key, Tensor]]:
     """Every tensor leaf of ``td`` with its key as a tuple; non-tensor leaves raise."""
-    for key, value in td.items(include_nested=True, leaves_only=True):
-        if not isinstance(value, Tensor):
-            raise TypeError(
-                f"key {as_key_tuple(key)!r} holds {type(value).__name__}, not a tensor; "
-                "trajectory operations only handle tensor entries"
-            )
-        yield as_key_tuple(key), value
+    return tensor_leaves(td, context="a trajectory operation's input")
 
 
 def map_leaves(
