@@ -88,6 +88,8 @@ class Collector:
             space unused in this process.
         progress: show a progress bar (frames, frames/s, episodes, mean return); needs tqdm
             (``pip install 'splice[progress]'``).
+        track_episodes: record every finished episode in :attr:`episode_log` (implied by
+            ``progress``).
 
     Raises:
         ValueError: invalid arguments (the message names the argument); nothing is created.
@@ -141,6 +143,7 @@ class Collector:
         seed: int | None = None,
         worker_id: int | None = None,
         progress: bool = False,
+        track_episodes: bool = False,
     ) -> None:
         # Validate everything before anything is created.
         _positive_int("frames_per_batch", frames_per_batch)
@@ -209,7 +212,7 @@ class Collector:
                 seed=seed,
                 device=device,
                 storing_device=storing_device,
-                track_episodes=progress,
+                track_episodes=progress or track_episodes,
             )
         except BaseException:
             self.adapter.close()
@@ -232,6 +235,9 @@ class Collector:
         self._finished = False
         #: Episodes in flight dropped at the end of a run (``drop_incomplete=True``).
         self.dropped_trajs = 0
+        #: ``(frames collected, return)`` of every episode finished so far, in order; kept when
+        #: ``track_episodes`` or ``progress`` is set (appended by the collecting thread).
+        self.episode_log: list[tuple[int, float]] = []
         self._bar: ProgressBar | None = None
         self._runner: BackgroundRunner | None = None
         self._pending_weights: Any = None
@@ -288,6 +294,8 @@ class Collector:
         batch = self._loop.collect(random_actions=random_actions)
         self._frames += self.frames_per_batch
         self._batches += 1
+        if self._loop.track_episodes:
+            self.episode_log.extend((self._frames, float(r)) for r in self._loop.episodes.returns)
         if self.progress:
             if self._bar is None:
                 self._bar = ProgressBar(None if self.total_frames == -1 else self.total_frames)
