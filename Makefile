@@ -10,12 +10,12 @@ STAMP := $(VENV)/.splice-installed
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[dev,bench,docs]"
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[dev,bench,docs,train]"
 	touch $(STAMP)
 
-## demo: the main job (see README)
+## demo: the main job: train the recurrent DQN on velocity-masked CartPole (see README)
 demo: $(STAMP)
-	$(BIN)/python -m splice.demo
+	$(BIN)/splice train
 
 ## test: lint, format check, type check and the whole test suite (what CI runs)
 test: $(STAMP)

@@ -1,0 +1,1 @@
+"""Applications built on splice: the velocity-masked CartPole task and a recurrent DQN agent."""
