@@ -344,3 +344,32 @@ def test_errors() -> None:
     with pytest.raises(LayoutError, match="cannot find trajectory boundaries"):
         no_bounds.extend(TensorDict({"x": torch.zeros(3)}, batch_size=[3]))
     assert len(no_bounds) == 0
+
+
+def test_non_strict_transition_weighting_starts_uniformly_and_covers_episode_ends() -> None:
+    """Every stored step is equally likely to *start* a slice; slices are cut at the
+    trajectory's last step, so terminal steps are trained on as often as interior ones."""
+    ids = torch.tensor([0] * 4 + [1] * 20 + [2] * 76)
+    rb = ReplayBuffer(
+        storage=LazyTensorStorage(200),
+        sampler=SliceSampler(
+            slice_len=10, weighting="transition", strict_length=False, as_sequences=True, seed=3
+        ),
+        batch_size=10 * 4000,
+    )
+    rb.extend(TensorDict({TRAJ_IDS: ids, "pos": torch.arange(100)}, batch_size=[100]))
+    s = rb.sample()
+    mask = s[MASK]
+    starts = s["pos"][:, 0].numpy()
+    per_start = np.bincount(starts, minlength=100)
+    assert _chi2_ok(
+        np.bincount(np.digitize(starts, [4, 24]), minlength=3), np.array([4, 20, 76]) / 100
+    )
+    assert per_start.min() > 0  # every step starts some slice, the last ones included
+    # A slice starting k steps before its trajectory's end holds k + 1 steps, then padding.
+    last = np.array([3] * 4 + [23] * 20 + [99] * 76)[starts]
+    assert (mask.sum(1).numpy() == np.minimum(last - starts + 1, 10)).all()
+    # The last step of the long trajectory is covered by the slices starting in its last 10.
+    covered = (s["pos"] == 99) & mask
+    expected = 10 / 100 * s.shape[0]
+    assert abs(int(covered.sum()) - expected) < 4 * expected**0.5

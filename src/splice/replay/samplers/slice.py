@@ -1,7 +1,8 @@
 """``SliceSampler`` and ``SliceSamplerWithoutReplacement``: contiguous pieces of trajectories.
 
-A slice is identified by its *last* training step (its end). A slice of length ``L`` ending at
-a stored step is eligible when the ``L - 1`` steps before it are stored in the same trajectory
+A slice is identified by its *last* training step (its end); with ``strict_length=False`` and
+transition weighting, by its first (every stored step may start one). A slice of length ``L``
+ending at a stored step is eligible when the ``L - 1`` steps before it are stored in the same trajectory
 (``strict_length=True``). Because the steps before an end only change when the trajectory's
 oldest steps are overwritten, eligibility is decided once, when the end step is written, and
 withdrawn when overwriting reaches it: the set of eligible ends is maintained in O(batch) per
@@ -41,10 +42,10 @@ class SliceSampler(Sampler):
       ignored).
     * ``weighting``: ``"trajectory"`` (TorchRL's behaviour and the default: every eligible
       trajectory is equally likely, then the slice position is uniform within it) or
-      ``"transition"`` (every eligible slice position in the buffer is equally likely). With
-      ``"trajectory"`` a step of a short episode is sampled far more often than a step of a
-      long one; ``"transition"`` is the unbiased choice (each stored step is equally likely to
-      end a slice, up to the unavoidable edge effect at trajectory starts).
+      ``"transition"`` (every eligible slice position in the buffer is equally likely: each
+      stored step is equally likely to start a slice). With ``"trajectory"`` a step of a short
+      episode is sampled far more often than a step of a long one; ``"transition"`` is the
+      unbiased choice.
     * ``as_sequences=True`` returns ``[num_slices, width]`` instead of TorchRL's flat
       ``[num_slices * width]`` (``width = burn_in + slice_len``), with a mask.
     * ``burn_in=K`` prepends up to ``K`` steps to every slice (fewer near the trajectory's
@@ -62,9 +63,11 @@ class SliceSampler(Sampler):
 
     With ``strict_length=False``, trajectories shorter than ``slice_len`` are sampled whole
     (TorchRL's rule: a trajectory of ``n`` steps has ``max(n - slice_len + 1, 1)`` positions);
-    with ``"transition"`` weighting every stored step may end a slice, which is then clipped
-    at the trajectory's first stored step. Short slices are padded when the output is shaped
-    or ``pad_output=True``, else concatenated (a smaller flat batch, as in TorchRL).
+    with ``"transition"`` weighting every stored step may start a slice, which is then cut at
+    the trajectory's last stored step, so that the last steps of an episode (its terminal
+    transition above all) are trained on as often as any other (R2D2's sequences). Short
+    slices are padded when the output is shaped or ``pad_output=True``, else concatenated (a
+    smaller flat batch, as in TorchRL).
 
     Args:
         num_slices: slices per batch (exclusive with ``slice_len``).
@@ -292,9 +295,17 @@ class SliceSampler(Sampler):
                 raise self._no_slice_error(length)
             ends = self._ends.items[self._randint(n, count)]
             return ends, 0, index.steps_before(ends), np.full(count, length, dtype=I64)
-        ends = (index.lo + self._randint(len(index), count)) % index.capacity
-        before = index.steps_before(ends)
-        return ends, 0, before, np.minimum(before + 1, length)
+        starts = (index.lo + self._randint(len(index), count)) % index.capacity
+        return self._from_starts(starts, length)
+
+    def _from_starts(
+        self, starts: np.ndarray, length: int
+    ) -> tuple[np.ndarray, int, np.ndarray, np.ndarray]:
+        """Slices that start at ``starts``, cut at their trajectory's last stored step."""
+        index = self.index
+        train = np.minimum(index.steps_after(starts) + 1, length)
+        ends = index.rows_forward(starts, train - 1)
+        return ends, 0, index.steps_before(starts) + train - 1, train
 
     def _end_in_trajectory(
         self, slots: np.ndarray, length: int
@@ -446,9 +457,10 @@ class SliceSamplerWithoutReplacement(SliceSampler):
         items = self._epoch[take]
         if self.weighting == "trajectory":
             return self._end_in_trajectory(items, length)
-        ends = items % index.capacity
-        before = index.steps_before(ends)
-        return ends, 0, before, np.minimum(before + 1, length)
+        if self.strict_length:
+            ends = items % index.capacity
+            return ends, 0, index.steps_before(ends), np.full(ends.size, length, dtype=I64)
+        return self._from_starts(items % index.capacity, length)
 
     def config(self) -> dict[str, object]:
         out = super().config()
