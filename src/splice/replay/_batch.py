@@ -93,12 +93,14 @@ class FlatBatch:
             consecutive in ``columns`` (``n_envs * steps_per_env == N`` unless ``padded``).
         padded: the input was padded trajectories (one trajectory per row, lengths vary).
         row_lengths: for padded input, the number of kept steps of each input row.
+        flat: the input was flat ``[N]`` (no env rows to tell streams apart).
     """
 
     columns: Columns
     n_envs: int
     padded: bool
     row_lengths: np.ndarray | None
+    flat: bool = False
 
     @property
     def n(self) -> int:
@@ -166,4 +168,4 @@ def flatten_batch(td: TensorDictBase, ids_key: Key | None, first: bool) -> FlatB
             f"key {fmt_key(CUT)}: expected dtype torch.bool and shape {list(batch)}, got dtype "
             f"{columns[CUT].dtype} and shape {list(leaves[CUT].shape)}"
         )
-    return FlatBatch(columns, n_envs, padded, row_lengths)
+    return FlatBatch(columns, n_envs, padded, row_lengths, flat=ndim == 1)

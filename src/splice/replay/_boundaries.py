@@ -9,8 +9,9 @@ Three modes, chosen once, from the first batch a buffer receives:
   ``("next", "done")``): a new trajectory starts after every flagged step that is not a
   collector cut (``("collector", "cut")``), and keys are synthesised. The last trajectory of
   env row ``b`` continues in env row ``b`` of the next batch (same number of env rows), as a
-  collector's next chunk does; padded batches never continue, nor do flat batches that hold
-  several envs' chunks (recognised by collector cuts before their last step).
+  collector's next chunk does. Padded and flat batches never continue: a flat batch without
+  ids may be one env's stream or several envs' chunks flattened, which flags cannot tell
+  apart (pass ids, as splice's collectors do, or ``[B, T]`` batches).
 * ``"stream"`` — neither (only allowed for samplers that ignore trajectories): every env row
   is one endless stream.
 """
@@ -69,10 +70,11 @@ class Boundaries:
         T = n // n_env
         ends2 = ends.reshape(n_env, T)
         cut2 = cut.reshape(n_env, T)
-        # A collector cut before the end of an env row means several envs' chunks were
-        # flattened into one row: each cut then closes its fragment, and which fragment the
-        # next batch continues is unknown, so nothing continues across this batch's edges.
-        flattened = bool(cut2[:, :-1].any())
+        # A flat batch has no env rows: it may be one env's stream or several envs' chunks
+        # flattened ([done, done, cut] is either), so which fragment the next batch continues
+        # is unknown and nothing continues across its edges; a collector cut before its last
+        # step (several chunks for sure) also closes its fragment.
+        flattened = batch.flat or bool(cut2[:, :-1].any())
         if flattened:
             ends2 = ends2 | cut2
         starts = np.zeros((n_env, T), dtype=bool)

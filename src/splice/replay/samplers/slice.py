@@ -1,12 +1,12 @@
 """``SliceSampler`` and ``SliceSamplerWithoutReplacement``: contiguous pieces of trajectories.
 
 A slice is identified by its *last* training step (its end); with ``strict_length=False`` and
-transition weighting, by its first (every stored step may start one). A slice of length ``L``
-ending at a stored step is eligible when the ``L - 1`` steps before it are stored in the same trajectory
-(``strict_length=True``). Because the steps before an end only change when the trajectory's
-oldest steps are overwritten, eligibility is decided once, when the end step is written, and
-withdrawn when overwriting reaches it: the set of eligible ends is maintained in O(batch) per
-write, and a draw costs O(batch) — never a scan of the storage.
+transition weighting, by its first (every stored step may start one). A slice of length
+``L`` ending at a stored step is eligible when the ``L - 1`` steps before it are stored in the
+same trajectory (``strict_length=True``). Because the steps before an end only change when
+the trajectory's oldest steps are overwritten, eligibility is decided once, when the end step
+is written, and withdrawn when overwriting reaches it: the set of eligible ends is maintained
+in O(batch) per write, and a draw costs O(batch) — never a scan of the storage.
 """
 
 from __future__ import annotations
