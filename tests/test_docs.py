@@ -31,6 +31,10 @@ PUBLIC_MODULES = [
     "splice.replay",
     "splice.replay.samplers",
     "splice.trajectories",
+    "splice.examples.masked_cartpole",
+    "splice.examples.qnets",
+    "splice.examples.r2d2",
+    "splice.cli",
 ]
 
 

@@ -397,31 +397,49 @@ plot_runs(runs)
 # What the results say
 # --------------------
 
-recurrent_best = [s["final_mean"] for s in runs["recurrent"]]
-mlp_best = [s["final_mean"] for s in runs["mlp"]]
-naive_best = [s["final_mean"] for s in runs["naive"]]
-assert sum(r >= 400 for r in recurrent_best) >= 2  # the bar: 2 of 3 seeds
-assert max(mlp_best) < 100  # the memoryless agent stays far below
-{
-    "recurrent": recurrent_best,
-    "naive": naive_best,
-    "mlp": mlp_best,
-}
+best = {agent: [s["final_mean"] for s in runs[agent]] for agent in runs}
+last = {agent: [s["last_mean"] for s in runs[agent]] for agent in runs}
+minutes = {agent: [s["wall_seconds"] / 60 for s in runs[agent]] for agent in runs}
+assert sum(r >= 400 for r in best["recurrent"]) >= 2  # the bar: 2 of 3 seeds at 400+
+assert max(minutes["recurrent"]) < 10  # ... within 10 minutes, evaluation included
+assert max(best["mlp"]) < 100 and max(last["mlp"]) < 100  # memoryless: far below
+Table(
+    ["agent", "best checkpoint, 3 seeds", "last weights, 3 seeds", "minutes per run"],
+    [
+        [a, " / ".join(f"{r:.0f}" for r in best[a]), " / ".join(f"{r:.0f}" for r in last[a]),
+         f"{min(minutes[a]):.1f}-{max(minutes[a]):.1f}"]
+        for a in ["recurrent", "naive", "mlp"]
+    ],
+)  # fmt: skip
 
 # %%
-# * The **recurrent** agent learns to balance the pole without seeing its velocity: its
-#   greedy return reaches the 500-step limit, in minutes on a laptop-class CPU.
-# * The **MLP** agent never gets far: with one observation it cannot know which way the
-#   pole is moving, so the best it can do is a reflex on the angle. Its curve stays flat at a
-#   few dozen steps — that is the gap memory closes.
-# * The **naive windows** agent is the interesting control. It has the same network and
-#   sees the same data; only the sequences differ. See the numbers above for how it fares
-#   on this task: CartPole's episodes all start from nearly the same state, so a hidden
-#   state leaking across an episode boundary costs little, and most of the bias lands on the
-#   few steps around the boundaries. On tasks where episodes differ — different goals,
-#   maps or opponents — leaked state is a wrong belief about the new episode, and
-#   windows that straddle boundaries teach the network to expect transitions that never
-#   happen. Splice's boundary-respecting slices rule that out by construction, at no cost.
+# * The **recurrent** agent learns to balance the pole without seeing its velocity: within
+#   150,000 frames — under 4 minutes on a 2-core CPU, with collection running in the
+#   background — every seed reaches a greedy return above 400 out of 500.
+# * The **MLP** agent never gets going: from one observation it cannot tell which way the
+#   pole is moving, so all it can learn is a reflex on the angle, worth about 40 steps. That
+#   gap is what memory buys on this task.
+# * The **naive windows** agent does about as well as the recurrent one here, and we
+#   should say so plainly rather than promise a gap the data does not show. On velocity-masked
+#   CartPole, inferring the velocities takes two or three observations, so starting a window
+#   from a zero state costs only its first few steps; and once the agent is any good its
+#   episodes are hundreds of steps long, so few 40-step windows straddle an episode end at
+#   all. The damage naive windows do — a hidden state carried from one episode into the next,
+#   a bootstrap value computed from the next episode's first observation — is real but rare
+#   on this task.
+#
+#   It is not rare on tasks whose episodes are short or differ from one another (another
+#   goal, map or opponent each episode), or when a time limit truncates episodes: there a
+#   leaked state is a wrong belief about the new episode, and every window that crosses a
+#   boundary teaches the network a transition that never happens. splice's slices never cross
+#   an episode end and come with the state the policy actually had, so the question does not
+#   arise, at no extra cost (sampling a slice costs about as much as sampling single
+#   transitions, see the benchmarks).
+#
+# Both recurrent agents are noisy from one evaluation to the next — DQN's greedy policy can
+# drop for a while and recover — which is why the main job keeps the checkpoint with the
+# best periodic evaluation and reports, next to it, how the last weights score on the same 20
+# held-out episodes.
 #
 # Conclusion
 # ----------

@@ -53,6 +53,7 @@ from splice.replay import BURN_IN, LazyTensorStorage, ReplayBuffer, SliceSampler
 __all__ = ["AGENTS", "R2D2Config", "TrainResult", "evaluate", "n_step_targets", "train"]
 
 Agent = Literal["recurrent", "mlp", "naive"]
+#: The agents ``train`` can run (see the module docs).
 AGENTS: tuple[Agent, ...] = ("recurrent", "mlp", "naive")
 N_ACTIONS = 2
 
@@ -216,7 +217,7 @@ def n_step_targets(
         >>> r = torch.ones(1, 4); no = torch.zeros(1, 4, dtype=torch.bool)
         >>> term = torch.tensor([[False, True, False, False]])
         >>> n_step_targets(r, term, term, ~no, torch.full((1, 4), 10.0), n=2, gamma=0.5)
-        tensor([[1.5000, 1.0000, 3.5000, 6.0000]])
+        tensor([[1.5000, 1.0000, 4.0000, 6.0000]])
     """
     s, length = reward.shape
     positions = torch.arange(length).expand(s, length)
