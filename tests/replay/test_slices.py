@@ -105,8 +105,8 @@ def test_every_slice_is_a_contiguous_live_piece_of_one_trajectory(
             assert int(train[i].sum()) == slice_len
         assert n_burn <= burn_in
         # Burn-in is only short when the trajectory's first stored step is reached (without
-        # ids, flattened multi-env chunks are separate trajectories: not checked then).
-        if n_burn < burn_in and (ids or layout == "bt" or n_env == 1):
+        # ids, a flat batch's trajectories end at its edges: not checked then).
+        if n_burn < burn_in and (ids or layout == "bt"):
             first_t = min(
                 int(t)
                 for t, e in zip(sample["t"][i].tolist(), sample["episode"][i].tolist(), strict=True)
