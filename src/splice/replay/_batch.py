@@ -22,6 +22,7 @@ import torch
 from tensordict import TensorDictBase
 from torch import Tensor
 
+from splice._gather import take_rows
 from splice.layout import CUT, MASK, LayoutError, tensor_leaves, validate_batch
 
 __all__ = ["Columns", "FlatBatch", "Schema", "flatten_batch", "fmt_key"]
@@ -160,7 +161,7 @@ def flatten_batch(td: TensorDictBase, ids_key: Key | None, first: bool) -> FlatB
         if padded:
             row_lengths = keep.reshape(n_envs, batch[-1]).sum(1).numpy().astype(np.int64)
         idx = keep.nonzero().squeeze(1)
-        columns = {k: v.index_select(0, idx) for k, v in columns.items()}
+        columns = {k: take_rows(v, idx) for k, v in columns.items()}
     elif padded:
         row_lengths = np.full(n_envs, batch[-1], dtype=np.int64)
     if CUT in columns and (columns[CUT].dtype != torch.bool or columns[CUT].dim() != 1):

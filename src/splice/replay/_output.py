@@ -14,6 +14,7 @@ import torch
 from tensordict import TensorDict
 from torch import Tensor
 
+from splice._gather import take_rows
 from splice.layout import CUT, MASK, LayoutError
 from splice.replay._batch import Columns, Key, fmt_key
 from splice.replay.samplers._base import Draw, Sampler
@@ -188,5 +189,5 @@ def _initial_state(
     for key in keys:
         if key not in columns:
             raise LayoutError(f"state key {fmt_key(key)} is not stored in the buffer")
-        state[key] = columns[key].index_select(0, pick)
+        state[key] = take_rows(columns[key], pick)
     return to_tensordict(state, (S,))

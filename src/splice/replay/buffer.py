@@ -11,6 +11,7 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 from torch import Tensor
 
+from splice._gather import take_rows
 from splice.layout import TRAJ_IDS, LayoutError
 from splice.replay import _output
 from splice.replay._batch import Columns, Schema, flatten_batch
@@ -374,7 +375,7 @@ def _group_trajectories(columns: Columns, keys: np.ndarray) -> tuple[Columns, np
     if not (run_keys[1:] == run_keys[:-1]).any():
         return columns, keys
     order = index_by_id(torch.from_numpy(np.ascontiguousarray(keys))).cat_order()
-    return {k: v.index_select(0, order) for k, v in columns.items()}, keys[order.numpy()]
+    return {k: take_rows(v, order) for k, v in columns.items()}, keys[order.numpy()]
 
 
 def _on_device(columns: Columns, device: torch.device) -> Columns:

@@ -12,7 +12,6 @@ memory-mapped buffer can rebuild it on reopening.
 
 from __future__ import annotations
 
-import contextlib
 import shutil
 import tempfile
 import weakref
@@ -23,7 +22,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from splice.replay._batch import Columns, Key, Schema
+from splice._gather import take_rows
+from splice.replay._batch import Columns, Schema
 from splice.replay._files import file_tensor, read_json, write_json_atomic
 from splice.replay._structures import I64
 
@@ -45,7 +45,6 @@ class Storage:
         self.device = torch.device(device)
         self.schema: Schema | None = None
         self.columns: Columns = {}
-        self._np: dict[Key, np.ndarray] = {}
         self.row_key = np.full(max_size, -1, dtype=I64)
         self._owner: object | None = None
         # Test hook: called with "marked" and "written" during a write (crash tests).
@@ -68,16 +67,6 @@ class Storage:
             for i, (key, (dtype, shape)) in enumerate(schema.entries.items())
         }
         self.schema = schema
-        self._numpy_views()
-
-    def _numpy_views(self) -> None:
-        # numpy's take is faster than index_select for the small gathers of a sample.
-        self._np = {}
-        if self.device.type != "cpu":
-            return
-        for key, col in self.columns.items():
-            with contextlib.suppress(TypeError):  # dtypes numpy lacks (bfloat16...) use torch
-                self._np[key] = col.numpy()
 
     # ------------------------------------------------------------------ data
     def write(self, start_row: int, columns: Columns) -> None:
@@ -95,19 +84,9 @@ class Storage:
 
     def gather(self, rows: Tensor) -> Columns:
         """The given rows of every column (``rows``: int64 on the CPU, values in range)."""
-        if self.device.type == "cpu":
-            rows_np = rows.numpy()
-            out: Columns = {}
-            for key, col in self.columns.items():
-                arr = self._np.get(key)
-                out[key] = (
-                    torch.from_numpy(np.take(arr, rows_np, axis=0))
-                    if arr is not None
-                    else col.index_select(0, rows)
-                )
-            return out
-        rows = rows.to(self.device)
-        return {key: col.index_select(0, rows) for key, col in self.columns.items()}
+        if self.device.type != "cpu":
+            rows = rows.to(self.device)
+        return {key: take_rows(col, rows) for key, col in self.columns.items()}
 
     # ------------------------------------------------------------------ durability hooks
     def begin_write(self, rows: np.ndarray) -> None:
@@ -225,7 +204,6 @@ class LazyMemmapStorage(Storage):
                 key: self._map(f"col_{i:03d}.bin", dtype, (self.max_size, *shape), False)
                 for i, (key, (dtype, shape)) in enumerate(self.schema.entries.items())
             }
-            self._numpy_views()
         self._seq = int(meta["seq"])  # type: ignore[call-overload]
         self._meta = meta
 

@@ -10,9 +10,10 @@ from tensordict import TensorDict, TensorDictBase
 from tensordict.utils import NestedKey
 from torch import Tensor
 
+from splice._gather import take_rows
 from splice.layout import CUT, DONE, MASK, TRAJ_IDS, LayoutError, as_key_tuple
 from splice.trajectories._index import TrajectoryIndex, index_by_id, index_by_row
-from splice.trajectories._tensordict import Key, flatten_batch, leaves, map_leaves, replace_last
+from splice.trajectories._tensordict import Key, leaves, replace_last
 from splice.trajectories.split import to_padded
 
 __all__ = ["TrajFormat", "TrajectoryAssembler"]
@@ -92,7 +93,8 @@ class TrajectoryAssembler:
     # ------------------------------------------------------------------ state
     def reset(self) -> None:
         """Drop everything buffered: complete and in-flight episodes and the key schema."""
-        self._pool: TensorDict | None = None
+        self._pool: dict[Key, Tensor] | None = None  # one column per key, rows = steps
+        self._device: torch.device | None = None
         self._schema: dict[Key, tuple[torch.dtype, torch.Size]] | None = None
         self._ids = torch.empty(0, dtype=torch.int64)
         self._alive = torch.empty(0, dtype=torch.bool)
@@ -153,8 +155,13 @@ class TrajectoryAssembler:
                 from the batches ingested before.
         """
         ids, ends, cut = self._read_batch(batch)
-        flat = flatten_batch(batch.exclude(self.mask_key, self.cut_key))
         n_env, n_time = (1, batch.shape[0]) if batch.ndim == 1 else batch.shape
+        n = n_env * n_time
+        columns = {
+            key: x.reshape(n, *x.shape[batch.ndim :])
+            for key, x in leaves(batch)
+            if key not in (self.mask_key, self.cut_key)
+        }
         valid = ids >= 0
         mask = batch.get(self.mask_key, None)
         if mask is not None:
@@ -166,10 +173,12 @@ class TrajectoryAssembler:
         done_ids = ids[ends][torch.argsort(completion_key[ends])]
         if not bool(valid.all()):
             keep = valid.nonzero().squeeze(1)
-            flat = map_leaves(flat, lambda _, x: x.index_select(0, keep), [keep.numel()])
+            columns = {key: take_rows(x, keep) for key, x in columns.items()}
             ids, cut = ids[keep], cut[keep]
-        self._check_schema(flat)
-        self._append(flat, ids, cut)
+        self._check_schema(columns)
+        if self._device is None:
+            self._device = batch.device
+        self._append(columns, ids, cut)
         self._complete = torch.cat([self._complete, done_ids])
         return done_ids.numel()
 
@@ -216,8 +225,8 @@ class TrajectoryAssembler:
             )
         return flag.reshape(*batch.shape, -1).any(-1)
 
-    def _check_schema(self, flat: TensorDictBase) -> None:
-        schema = {key: (x.dtype, x.shape[1:]) for key, x in leaves(flat)}
+    def _check_schema(self, columns: dict[Key, Tensor]) -> None:
+        schema = {key: (x.dtype, x.shape[1:]) for key, x in columns.items()}
         if self._schema is None:
             self._schema = schema
             return
@@ -238,27 +247,26 @@ class TrajectoryAssembler:
                     f"per-step shape {list(feature)}"
                 )
 
-    def _append(self, flat: TensorDictBase, ids: Tensor, cut: Tensor) -> None:
+    def _append(self, columns: dict[Key, Tensor], ids: Tensor, cut: Tensor) -> None:
         n = ids.numel()
-        self._reserve(n, flat)
+        self._reserve(n, columns)
         assert self._pool is not None
         lo, hi = self._size, self._size + n
-        pool = self._pool[lo:hi]
-        pool.update_(flat)
+        for key, x in columns.items():
+            self._pool[key][lo:hi].copy_(x)
         if bool(cut.any()):
             # Stitching: what the collector marked at a cut (TorchRL's set_truncated) is not
             # an episode end, so it must not survive inside the assembled episode.
-            at_cut = cut.nonzero().squeeze(1)
+            at_cut = cut.nonzero().squeeze(1) + lo
             for key in (self.done_key, self.truncated_key):
-                flag = pool.get(key, None)
-                if flag is not None:
-                    flag[at_cut] = False
-        pool.get(self.cut_key).zero_()
+                if key in self._pool:
+                    self._pool[key][at_cut] = False
+        self._pool[self.cut_key][lo:hi] = False
         self._ids[lo:hi] = ids
         self._alive[lo:hi] = True
         self._size = hi
 
-    def _reserve(self, n: int, like: TensorDictBase) -> None:
+    def _reserve(self, n: int, like: dict[Key, Tensor]) -> None:
         capacity = self._ids.numel()
         if self._size + n <= capacity:
             return
@@ -268,17 +276,16 @@ class TrajectoryAssembler:
                 return
         new_capacity = max(2 * capacity, self._size + n, 64)
         if self._pool is None:
-            template = like.clone(recurse=False)
-            template.set(self.cut_key, torch.zeros(like.shape, dtype=torch.bool))
+            template = dict(like)
+            template[self.cut_key] = torch.zeros(0, dtype=torch.bool, device=self._device)
         else:
             template = self._pool
-        pool = map_leaves(
-            template, lambda _, x: x.new_empty((new_capacity, *x.shape[1:])), [new_capacity]
-        )
+        pool = {key: x.new_empty((new_capacity, *x.shape[1:])) for key, x in template.items()}
         ids = torch.empty(new_capacity, dtype=torch.int64)
         alive = torch.zeros(new_capacity, dtype=torch.bool)
         if self._pool is not None and self._size:
-            pool[: self._size] = self._pool[: self._size]
+            for key, x in self._pool.items():
+                pool[key][: self._size] = x[: self._size]
             ids[: self._size] = self._ids[: self._size]
             alive[: self._size] = self._alive[: self._size]
         self._pool, self._ids, self._alive = pool, ids, alive
@@ -287,8 +294,8 @@ class TrajectoryAssembler:
         assert self._pool is not None
         keep = self._alive[: self._size].nonzero().squeeze(1)
         k = keep.numel()
-        for _, leaf in leaves(self._pool):  # per leaf: TensorDict fancy indexing is ~10x slower
-            leaf[:k] = leaf.index_select(0, keep)
+        for leaf in self._pool.values():
+            leaf[:k] = take_rows(leaf, keep)
         self._ids[:k] = self._ids[keep]
         self._alive[:k] = True
         self._alive[k : self._size] = False
@@ -341,7 +348,11 @@ class TrajectoryAssembler:
             return TensorDict({}, batch_size=[0, 0] if traj_format == "padded" else [0])
         if traj_format == "cat":
             steps = steps[index.cat_order()]  # trajectory after trajectory
-        flat = map_leaves(self._pool, lambda _, x: x.index_select(0, steps), [steps.numel()])
+        flat = TensorDict(
+            {key: take_rows(x, steps) for key, x in self._pool.items()},
+            batch_size=[steps.numel()],
+            device=self._device,
+        )
         if mark_cut:
             if traj_format == "cat":
                 last = index.offsets()[1:] - 1

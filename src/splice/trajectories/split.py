@@ -7,6 +7,7 @@ from tensordict import TensorDict, TensorDictBase
 from tensordict.utils import NestedKey
 from torch import Tensor
 
+from splice._gather import take_rows
 from splice.layout import NEXT, PADDING_ID, LayoutError, as_key_tuple
 from splice.trajectories._index import TrajectoryIndex, ids_from_done, index_by_id
 from splice.trajectories._tensordict import (
@@ -150,7 +151,7 @@ def cat_trajectories(
     rows = td.batch_size.numel()
     return map_leaves(
         td.exclude(mask_key),
-        lambda _, x: x.reshape(rows, *x.shape[2:]).index_select(0, keep),
+        lambda _, x: take_rows(x.reshape(rows, *x.shape[2:]), keep),
         [keep.numel()],
     )
 
@@ -187,7 +188,7 @@ def to_nested(
     """
     if not index.cat_is_identity():
         order = index.cat_order()
-        flat = map_leaves(flat, lambda _, x: x.index_select(0, order), [index.n_steps])
+        flat = map_leaves(flat, lambda _, x: take_rows(x, order), [index.n_steps])
     flat = flat.clone(recurse=False)
     flat.set(mask_key, torch.ones(index.n_steps, dtype=torch.bool, device=index.row.device))
     if layout == torch.jagged:
@@ -251,7 +252,7 @@ def _drop_padding(
     if bool(valid.all()):
         return flat, ids
     keep = valid.nonzero().squeeze(1)
-    return map_leaves(flat, lambda _, x: x.index_select(0, keep), [keep.numel()]), ids[keep]
+    return map_leaves(flat, lambda _, x: take_rows(x, keep), [keep.numel()]), ids[keep]
 
 
 def _nested_layout(as_nested: bool | torch.layout) -> torch.layout:
