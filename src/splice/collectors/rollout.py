@@ -452,14 +452,15 @@ class RolloutLoop:
             flat = (np.arange(steps)[None, :] * b + np.arange(b)[:, None]).ravel()
             self._c = 0
             return {k: self._gather(a, flat, (b, steps)) for k, a in arrays.items()}
-        # env-major copy of the validity mask, so the running count is contiguous per row
-        valid = ~self._dead[:c].T  # [B, c], env-major so the running count is contiguous
+        # Env-major and C-contiguous, so the running count runs along contiguous rows (a
+        # cumsum along strided rows is ~5x slower at 1024 envs).
+        valid = np.ascontiguousarray(~self._dead[:c].T)  # [B, c]
         count_dtype = np.int16 if c < 2**15 else np.int64
         count: np.ndarray[Any, np.dtype[np.signedinteger[Any]]] = np.cumsum(
             valid.view(np.int8), axis=1, dtype=count_dtype
         )
-        taken = np.flatnonzero(valid & (count <= steps))  # b * c + t, row-major
-        flat = (taken % c) * b + taken // c
+        staging_row = np.arange(c)[None, :] * b + np.arange(b)[:, None]  # [B, c]: t * B + b
+        flat = staging_row[valid & (count <= steps)]  # env-major, time order within a row
         out = {k: self._gather(a, flat, (b, steps)) for k, a in arrays.items()}
         n_surplus = count[:, -1].astype(np.int64) - steps
         # Carry over: every row's surplus lies after its T-th valid step, so the column block
@@ -490,15 +491,7 @@ class RolloutLoop:
         truncated = out[TRUNCATED]
         done = terminated | truncated
 
-        # Trajectory ids: fresh ids for the episodes starting in this batch, in order of
-        # (time step, env row); the steps before a row's first start continue its last id.
-        t_new, b_new = np.nonzero(is_init.T)
-        fresh = np.full((b, steps), -1, np.int64)
-        fresh[b_new, t_new] = self.ids.take(t_new.size)
-        start = np.where(is_init, np.arange(steps)[None, :], -1)
-        np.maximum.accumulate(start, axis=1, out=start)
-        rows = np.arange(b)[:, None]
-        traj_ids = np.where(start >= 0, fresh[rows, np.maximum(start, 0)], self._row_ids[:, None])
+        traj_ids = self._trajectory_ids(is_init)
         self._row_ids = traj_ids[:, -1].copy()
 
         cut = np.zeros((b, steps), np.bool_)
@@ -507,6 +500,8 @@ class RolloutLoop:
             truncated[:, -1] |= cut[:, -1]
             done = done | cut
         if self.track_episodes:
+            start = np.where(is_init, np.arange(steps)[None, :], -1)  # latest start, or -1
+            np.maximum.accumulate(start, axis=1, out=start)
             self._episode_stats(out[REWARD], start, done & ~cut, cut)
         if random_batch and self.runner is not None:
             for key, _ in self._policy_arrays(self.runner):
@@ -533,6 +528,26 @@ class RolloutLoop:
         if self.storing_device is not None and self.storing_device.type != "cpu":
             batch = batch.to(self.storing_device)
         return batch
+
+    def _trajectory_ids(self, is_init: np.ndarray) -> np.ndarray:
+        """``[B, T]`` ids: fresh ids for the episodes starting in this batch, issued in order
+        of (time step, env row); the steps before a row's first start continue its last id.
+
+        Row-major segments of equal id start at every row's first step and at every episode
+        start; one ``np.repeat`` fills them (~10x faster than a per-step gather at 1024 envs).
+        """
+        b, steps = is_init.shape
+        begins = is_init.copy()
+        begins[:, 0] = True
+        seg = np.flatnonzero(begins)  # row-major positions, row * T + t
+        seg_row, seg_t = np.divmod(seg, steps)
+        starts = is_init.reshape(-1)[seg]
+        issue_order = np.argsort(seg_t[starts] * b + seg_row[starts], kind="stable")
+        fresh = np.empty(issue_order.size, np.int64)
+        fresh[issue_order] = self.ids.take(issue_order.size)
+        value = self._row_ids[seg_row]
+        value[starts] = fresh
+        return np.repeat(value, np.diff(seg, append=b * steps)).reshape(b, steps)
 
     def _episode_stats(
         self, reward: np.ndarray, start: np.ndarray, ended: np.ndarray, cut: np.ndarray
