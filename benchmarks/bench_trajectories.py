@@ -12,7 +12,8 @@ Run: ``python -m benchmarks.bench_trajectories [--quick]``.
 * assembler: ``[8, 50]`` chunks ingested and emitted 16 episodes at a time, vs TorchRL's
   ``_traj_ingest`` / ``_traj_emit`` (what its collector's ``trajs_per_batch`` runs) and vs the
   raw limit (each frame copied into a pool once and scattered out once, indices precomputed).
-* memory: peak extra resident memory of one padded split, next to the output's own size.
+* memory: peak resident memory one split adds (its output included), splice and TorchRL,
+  next to the output's own size.
 """
 
 from __future__ import annotations
@@ -114,22 +115,26 @@ def bench_split(quick: bool) -> list[list[object]]:
 
 
 def bench_memory(quick: bool) -> list[list[object]]:
+    def peak_mib(split: Callable[..., TensorDict], batch: TensorDict, nested: bool) -> float:
+        extra, out = peak_extra_bytes(lambda: split(batch, as_nested=nested))
+        del out
+        return extra / 2**20
+
     rows = []
     for name, batch in split_cases(quick):
         for nested in (False, True):
-            extra, out = peak_extra_bytes(
-                lambda b=batch, n=nested: split_trajectories(b, as_nested=n)
-            )
-            out_mib = nbytes(out) / 2**20
-            del out
+            out_mib = nbytes(split_trajectories(batch, as_nested=nested)) / 2**20
+            ours = peak_mib(split_trajectories, batch, nested)
+            theirs = peak_mib(torchrl_split, batch, nested) if torchrl_split else float("nan")
             rows.append(
                 [
                     name,
                     "nested" if nested else "padded",
                     f"{nbytes(batch) / 2**20:.1f}",
                     f"{out_mib:.1f}",
-                    f"{extra / 2**20:.1f}",
-                    f"{extra / 2**20 / out_mib:.2f}" if not nested and out_mib else "-",
+                    f"{ours:.1f}",
+                    f"{ours / out_mib:.2f}",
+                    f"{theirs:.1f}",
                 ]
             )
     return rows
@@ -247,7 +252,15 @@ def main(argv: list[str] | None = None) -> None:
     print("\n## Peak extra memory of one split (MiB)\n")
     print(
         table(
-            ["case", "output", "input", "output size", "peak extra", "peak/output"],
+            [
+                "case",
+                "output",
+                "input",
+                "output size",
+                "splice peak extra",
+                "splice peak/output",
+                "TorchRL peak extra",
+            ],
             bench_memory(args.quick),
         )
     )
