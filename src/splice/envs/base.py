@@ -75,7 +75,7 @@ class EnvAdapter(ABC):
     """One environment (or vector of environments) as a normalized step stream.
 
     Subclasses set, in ``__init__``: ``env``, ``num_envs``, ``batched``,
-    ``single_observation_space``, ``single_action_space``, ``dead_steps``,
+    ``single_observation_space``, ``single_action_space``, ``random_action_space``, ``dead_steps``,
     ``supports_partial_reset`` and ``autoreset_mode`` (a name for messages), then call
     :meth:`_init_spaces`.
     """
@@ -86,6 +86,8 @@ class EnvAdapter(ABC):
     batched: bool
     single_observation_space: spaces.Space[Any]
     single_action_space: spaces.Space[Any]
+    #: The space random actions for all envs are drawn from (``init_random_frames``, no policy).
+    random_action_space: spaces.Space[Any]
     #: True when the env inserts a dead reset step after each episode (NEXT_STEP autoreset).
     dead_steps: bool
     #: True when :meth:`reset_envs` can reset a subset of the envs.
@@ -186,17 +188,17 @@ class EnvAdapter(ABC):
     def reset_envs(self, mask: np.ndarray) -> None:
         """Reset the envs where ``mask`` is True (the env did not end them); update :attr:`obs`."""
 
-    @abstractmethod
     def sample_actions(self) -> Any:
-        """Uniform random actions for all envs, from the action space."""
+        """Uniform random actions for all envs, from :attr:`random_action_space`."""
+        return self.random_action_space.sample()
 
     def action_sampler(self) -> Any:
         """:meth:`sample_actions` as a bare callable (one call level less in the hot loop)."""
-        return self.sample_actions
+        return self.random_action_space.sample
 
-    @abstractmethod
     def seed_actions(self, seed: int | None) -> None:
         """Seed the random actions of :meth:`sample_actions`."""
+        self.random_action_space.seed(seed)
 
     def detach_obs(self) -> None:
         """Make :attr:`obs` independent of the staging arrays (they are about to be reused)."""

@@ -47,7 +47,7 @@ class GymEnvAdapter(EnvAdapter):
         self._init_spaces()
         self._scalar_action = isinstance(self.single_action_space, spaces.Discrete)
         self._step = env.step
-        self._sample = self.single_action_space.sample
+        self.random_action_space = self.single_action_space
 
     def reset(self, seed: int | None = None) -> None:
         obs, _ = self.env.reset(seed=seed)
@@ -77,15 +77,6 @@ class GymEnvAdapter(EnvAdapter):
         if bool(mask[0]):
             obs, _ = self.env.reset()
             self.obs = self._flatten(obs)
-
-    def sample_actions(self) -> Any:
-        return self._sample()
-
-    def action_sampler(self) -> Any:
-        return self._sample
-
-    def seed_actions(self, seed: int | None) -> None:
-        self.single_action_space.seed(seed)
 
     def env_action(self, action: np.ndarray) -> Any:
         return action.item() if self._scalar_action else action

@@ -93,8 +93,7 @@ class GymVectorAdapter(EnvAdapter):
         self._init_spaces()
         # Our own batched action space: envpool's ``action_space`` is the single-env space,
         # and sampling from a private copy leaves the env's own RNG streams untouched.
-        self._action_space = batch_space(self.single_action_space, self.num_envs)
-        self._sample = self._action_space.sample
+        self.random_action_space = batch_space(self.single_action_space, self.num_envs)
         self._step = env.step
 
     def reset(self, seed: int | None = None) -> None:
@@ -111,15 +110,6 @@ class GymVectorAdapter(EnvAdapter):
             )
         obs, _ = self.env.reset(options={"reset_mask": np.asarray(mask, dtype=np.bool_)})
         self.obs = self._flatten(obs)
-
-    def sample_actions(self) -> Any:
-        return self._sample()
-
-    def action_sampler(self) -> Any:
-        return self._sample
-
-    def seed_actions(self, seed: int | None) -> None:
-        self._action_space.seed(seed)
 
     def _read_step(self, action: Any, c: int) -> tuple[Any, np.ndarray, np.ndarray]:
         obs, reward, terminated, truncated, info = self._step(action)
