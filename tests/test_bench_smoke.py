@@ -1,4 +1,4 @@
-"""The collector benchmark runs end to end in its CI-sized mode."""
+"""Every benchmark runs end to end in its CI-sized mode (``--quick``)."""
 
 from __future__ import annotations
 
@@ -9,33 +9,37 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_bench_collector_quick():
+def run_quick(module: str) -> list[str]:
+    """The stdout lines of ``python -m benchmarks.<module> --quick`` (which must succeed)."""
     out = subprocess.run(
-        [sys.executable, "-m", "benchmarks.bench_collector", "--quick"],
+        [sys.executable, "-m", f"benchmarks.{module}", "--quick"],
         cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=120,
         check=True,
     )
-    table = out.stdout.splitlines()
+    return out.stdout.splitlines()
+
+
+def test_bench_collector_quick() -> None:
+    table = run_quick("bench_collector")
     assert any(line.startswith("| 1 env ") and "random" in line for line in table)
     assert any("1024 envs" in line and "n/a" in line for line in table)  # TorchRL cannot run it
 
 
-def test_bench_trajectories_quick():
-    out = subprocess.run(
-        [sys.executable, "-m", "benchmarks.bench_trajectories", "--quick"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    )
-    lines = out.stdout.splitlines()
+def test_bench_trajectories_quick() -> None:
+    lines = run_quick("bench_trajectories")
     for section in ("## split_trajectories", "## Peak extra memory", "## cat_trajectories"):
         assert any(line.startswith(section) for line in lines), section
     assert (
         sum("| flat [5000] obs4 mean20" in line for line in lines) == 5
     )  # split x2, memory x2, cat
     assert any(line.startswith("| mean 200, cat") for line in lines)
+
+
+def test_bench_replay_quick() -> None:
+    lines = run_quick("bench_replay")
+    assert any("TorchRL SliceSampler(cache_values=True)" in line for line in lines)
+    assert any("raw gather, precomputed slices" in line for line in lines)
+    assert sum(line.startswith("| splice") for line in lines) >= 8
