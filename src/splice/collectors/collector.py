@@ -5,28 +5,20 @@ from __future__ import annotations
 import math
 import threading
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from tensordict import TensorDict, TensorDictBase
 
 from splice.collectors._progress import ProgressBar, require_tqdm
+from splice.collectors._settings import CollectorSettings, TrajFormat
 from splice.collectors.background import BackgroundRunner
 from splice.collectors.ids import TrajectoryIds
 from splice.collectors.rollout import RolloutLoop
 from splice.envs import EnvLike, make_adapter
-from splice.layout import MASK, PADDING_ID, TRAJ_IDS
 from splice.trajectories import TrajectoryAssembler, split_trajectories
 
 __all__ = ["Collector"]
-
-TrajFormat = Literal["padded", "cat"]
-
-
-def _positive_int(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-    return value
 
 
 class Collector:
@@ -75,8 +67,8 @@ class Collector:
             (``total_frames`` reached, or ``shutdown()`` of a background run) to the episodes
             still in flight: ``False`` (default) yields them in a final batch together with the
             remaining complete episodes, each marked ``("collector", "cut") = True`` on its last
-            step; ``True`` drops them (counted in :attr:`dropped_trajs`). Complete episodes are
-            never dropped.
+            step; ``True`` drops them (counted in :attr:`dropped_trajs`, their steps in
+            :attr:`dropped_frames`). Complete episodes are never dropped.
         replay_buffer: any object with ``extend(batch)``: every batch (or set of episodes) is
             written to it, and the iterator still yields it. Required by :meth:`start`.
         device: where the policy runs (``None``: CPU).
@@ -145,55 +137,20 @@ class Collector:
         progress: bool = False,
         track_episodes: bool = False,
     ) -> None:
-        # Validate everything before anything is created.
-        _positive_int("frames_per_batch", frames_per_batch)
-        if total_frames is None:
-            total_frames = -1
-        if (
-            isinstance(total_frames, bool)
-            or not isinstance(total_frames, int)
-            or (total_frames < 1 and total_frames != -1)
-        ):
-            raise ValueError(
-                "total_frames must be a positive int, or -1/None for no limit; "
-                f"got {total_frames!r}"
-            )
-        if init_random_frames is not None and (
-            isinstance(init_random_frames, bool)
-            or not isinstance(init_random_frames, int)
-            or init_random_frames < 0
-        ):
-            raise ValueError(
-                f"init_random_frames must be a non-negative int or None, got {init_random_frames!r}"
-            )
-        if trajs_per_batch is not None:
-            _positive_int("trajs_per_batch", trajs_per_batch)
-            if split_trajs:
-                raise ValueError(
-                    "split_trajs and trajs_per_batch are exclusive: trajs_per_batch already "
-                    "yields one episode per row"
-                )
-            if reset_at_each_iter:
-                raise ValueError(
-                    "reset_at_each_iter cannot be combined with trajs_per_batch: episodes longer "
-                    "than one batch would never complete (only short episodes would be emitted)"
-                )
-        if traj_format is not None:
-            if trajs_per_batch is None:
-                raise ValueError(
-                    "traj_format only applies with trajs_per_batch; set trajs_per_batch=N"
-                )
-            if traj_format not in ("padded", "cat"):
-                raise ValueError(f"traj_format must be 'padded' or 'cat', got {traj_format!r}")
-        if replay_buffer is not None and not callable(getattr(replay_buffer, "extend", None)):
-            raise TypeError(
-                "replay_buffer must have an extend(batch) method; "
-                f"got {type(replay_buffer).__name__}"
-            )
-        if policy is not None and not callable(policy):
-            raise TypeError(
-                f"policy must be a callable td -> td or None, got {type(policy).__name__}"
-            )
+        settings = CollectorSettings.check(  # everything, before anything is created
+            frames_per_batch=frames_per_batch,
+            total_frames=total_frames,
+            max_frames_per_traj=max_frames_per_traj,
+            init_random_frames=init_random_frames,
+            reset_at_each_iter=reset_at_each_iter,
+            split_trajs=split_trajs,
+            set_truncated=set_truncated,
+            trajs_per_batch=trajs_per_batch,
+            traj_format=traj_format,
+            drop_incomplete=drop_incomplete,
+            replay_buffer=replay_buffer,
+            policy=policy,
+        )
         if progress:
             require_tqdm()
 
@@ -219,13 +176,13 @@ class Collector:
             raise
         self.policy = policy
         self.frames_per_batch = b * steps
-        self.total_frames = total_frames
-        self.init_random_frames = init_random_frames or 0
+        self.total_frames = settings.total_frames
+        self.init_random_frames = settings.init_random_frames
         self.reset_at_each_iter = reset_at_each_iter
         self.split_trajs = split_trajs
         self.set_truncated = set_truncated
         self.trajs_per_batch = trajs_per_batch
-        self.traj_format: TrajFormat = traj_format or "padded"
+        self.traj_format = settings.traj_format
         self.drop_incomplete = drop_incomplete
         self.replay_buffer = replay_buffer
         self.progress = progress
@@ -233,8 +190,10 @@ class Collector:
         self._frames = 0
         self._batches = 0
         self._finished = False
-        #: Episodes in flight dropped at the end of a run (``drop_incomplete=True``).
+        #: Episodes in flight dropped at the end of a run (``drop_incomplete=True``) ...
         self.dropped_trajs = 0
+        #: ... and their frames.
+        self.dropped_frames = 0
         #: ``(frames collected, return)`` of every episode finished so far, in order; kept when
         #: ``track_episodes`` or ``progress`` is set (appended by the collecting thread).
         self.episode_log: list[tuple[int, float]] = []
@@ -327,19 +286,10 @@ class Collector:
             self._finished = True
             return None
         self._finished = True
-        asm = self._assembler
-        complete = asm.emit(None, self.traj_format) if len(asm) else None
-        if self.drop_incomplete:
-            self.dropped_trajs += asm.num_in_flight
-            asm.reset()
-            partial = None
-        else:
-            partial = asm.flush(self.traj_format)
-        parts = [p for p in (complete, partial) if p is not None and p.batch_size[0] > 0]
-        if not parts:
-            return None
-        out = parts[0] if len(parts) == 1 else _cat_rows(parts, self.traj_format)
-        return self._deliver(out)
+        drained = self._assembler.drain(self.traj_format, drop_incomplete=self.drop_incomplete)
+        self.dropped_trajs += drained.dropped_trajs
+        self.dropped_frames += drained.dropped_frames
+        return None if drained.batch is None else self._deliver(drained.batch)
 
     def _iterate(self) -> Iterator[TensorDictBase]:
         try:
@@ -565,23 +515,3 @@ class _Resumer:
 
     def __exit__(self, *exc: object) -> None:
         self._collector.resume()
-
-
-def _cat_rows(parts: list[TensorDictBase], traj_format: TrajFormat) -> TensorDictBase:
-    """Stack episode batches row-wise (padding to the longest one in ``"padded"`` format)."""
-    if traj_format == "cat":
-        return torch.cat(parts, 0)
-    width = max(p.batch_size[1] for p in parts)
-    padded = []
-    for p in parts:
-        extra = width - p.batch_size[1]
-        if extra:
-            pad = p.apply(
-                lambda x, n=extra: torch.zeros((x.shape[0], n, *x.shape[2:]), dtype=x.dtype),
-                batch_size=[p.batch_size[0], extra],
-            )
-            pad.set(TRAJ_IDS, torch.full((p.batch_size[0], extra), PADDING_ID, dtype=torch.int64))
-            pad.set(MASK, torch.zeros((p.batch_size[0], extra), dtype=torch.bool))
-            p = torch.cat([p, pad], 1)
-        padded.append(p)
-    return torch.cat(padded, 0)

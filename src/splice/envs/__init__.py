@@ -17,7 +17,7 @@ from typing import Any
 import gymnasium as gym
 from gymnasium.vector import AutoresetMode, VectorEnv
 
-from splice.envs.base import EnvAdapter, EnvError, Staging
+from splice.envs.base import EnvAdapter, EnvError, StepTargets
 from splice.envs.gym_env import GymEnvAdapter
 from splice.envs.gym_vector import (
     DisabledVectorAdapter,
@@ -33,7 +33,7 @@ __all__ = [
     "EnvLike",
     "GymEnvAdapter",
     "GymVectorAdapter",
-    "Staging",
+    "StepTargets",
     "make_adapter",
 ]
 

@@ -47,7 +47,7 @@ from gymnasium import spaces
 
 from splice.envs.spaces import Leaf, action_leaf, flattener, observation_leaves
 
-__all__ = ["EnvAdapter", "EnvError", "Staging"]
+__all__ = ["EnvAdapter", "EnvError", "StepTargets"]
 
 
 class EnvError(ValueError):
@@ -55,8 +55,9 @@ class EnvError(ValueError):
 
 
 @dataclass
-class Staging:
-    """The env-side staging arrays, time-major ``[C, B, ...]`` (``[C, ...]`` views for one env).
+class StepTargets:
+    """The staging arrays an adapter writes each step's results into, time-major ``[C, B, ...]``
+    (``[C, ...]`` views for one env). The collector owns them; the adapter only writes.
 
     Args:
         next_obs: one array per observation leaf.
@@ -93,7 +94,7 @@ class EnvAdapter(ABC):
     #: True when :meth:`reset_envs` can reset a subset of the envs.
     supports_partial_reset: bool
     autoreset_mode: str
-    staging: Staging
+    staging: StepTargets
     #: The observation leaves entering the next step.
     obs: list[Any]
     #: Validate the shapes of the next step's results (set by the loop once per batch).
@@ -107,17 +108,17 @@ class EnvAdapter(ABC):
         self.obs = []
 
     # ------------------------------------------------------------------ staging
-    def allocate(self, capacity: int) -> Staging:
+    def allocate(self, capacity: int) -> StepTargets:
         """Fresh staging arrays for ``capacity`` columns (pass the result to :meth:`bind`)."""
         b = self.num_envs
-        return Staging(
+        return StepTargets(
             next_obs=[np.empty((capacity, b, *leaf.shape), leaf.dtype) for leaf in self.obs_leaves],
             reward=np.empty((capacity, b), np.float32),
             terminated=np.zeros((capacity, b), np.bool_),
             truncated=np.zeros((capacity, b), np.bool_),
         )
 
-    def bind(self, staging: Staging) -> None:
+    def bind(self, staging: StepTargets) -> None:
         """Write subsequent steps into ``staging``."""
         self.staging = staging
         self._next_obs = staging.next_obs
@@ -188,16 +189,13 @@ class EnvAdapter(ABC):
     def reset_envs(self, mask: np.ndarray) -> None:
         """Reset the envs where ``mask`` is True (the env did not end them); update :attr:`obs`."""
 
-    def sample_actions(self) -> Any:
-        """Uniform random actions for all envs, from :attr:`random_action_space`."""
-        return self.random_action_space.sample()
-
     def action_sampler(self) -> Any:
-        """:meth:`sample_actions` as a bare callable (one call level less in the hot loop)."""
+        """A callable drawing uniform random actions for all envs from
+        :attr:`random_action_space` (a bare callable: one call level less in the hot loop)."""
         return self.random_action_space.sample
 
     def seed_actions(self, seed: int | None) -> None:
-        """Seed the random actions of :meth:`sample_actions`."""
+        """Seed the random actions of :meth:`action_sampler`."""
         self.random_action_space.seed(seed)
 
     def detach_obs(self) -> None:

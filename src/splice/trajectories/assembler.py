@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
@@ -12,11 +13,11 @@ from torch import Tensor
 
 from splice._gather import take_rows
 from splice.layout import CUT, DONE, MASK, TRAJ_IDS, LayoutError, as_key_tuple
-from splice.trajectories._index import TrajectoryIndex, index_by_id, index_by_row
+from splice.trajectories._index import index_by_id, index_by_row
 from splice.trajectories._tensordict import Key, leaves, replace_last
 from splice.trajectories.split import to_padded
 
-__all__ = ["TrajFormat", "TrajectoryAssembler"]
+__all__ = ["Drained", "TrajFormat", "TrajectoryAssembler"]
 
 TrajFormat = Literal["padded", "cat"]
 _FORMATS = ("padded", "cat")
@@ -324,8 +325,7 @@ class TrajectoryAssembler:
             )
         chosen, self._complete = self._complete[:n], self._complete[n:]
         row_of_step = _rank_in(self._ids[: self._size], chosen)
-        steps = (self._alive[: self._size] & (row_of_step >= 0)).nonzero().squeeze(1)
-        return self._take(steps, index_by_row(row_of_step[steps], n), traj_format, mark_cut=False)
+        return self._remove(row_of_step, n, traj_format, cut_from=n)
 
     def flush(self, traj_format: TrajFormat = "padded") -> TensorDict | None:
         """Remove and return the episodes still in flight, or None if there are none.
@@ -335,15 +335,70 @@ class TrajectoryAssembler:
         environment. Complete episodes stay buffered for :meth:`emit`.
         """
         _check_format(traj_format)
+        row_of_step, n_rows = self._in_flight_rows(first_row=0)
+        if n_rows == 0:
+            return None
+        return self._remove(row_of_step, n_rows, traj_format, cut_from=0)
+
+    def drain(
+        self, traj_format: TrajFormat = "padded", *, drop_incomplete: bool = False
+    ) -> Drained:
+        """End of a run: remove everything, in one batch: the complete episodes (in completion
+        order) then, unless ``drop_incomplete``, the in-flight ones marked cut (as
+        :meth:`flush`). Dropped episodes and their steps are counted in the result.
+
+        Examples:
+            >>> import torch
+            >>> from tensordict import TensorDict
+            >>> asm = TrajectoryAssembler()
+            >>> _ = asm.ingest(TensorDict({
+            ...     ("collector", "traj_ids"): torch.tensor([4, 4, 5]),
+            ...     ("next", "done"): torch.tensor([[False], [True], [False]]),
+            ... }, [3]))
+            >>> drained = asm.drain("cat")
+            >>> drained.batch["collector", "traj_ids"], drained.batch["collector", "cut"]
+            (tensor([4, 4, 5]), tensor([False, False,  True]))
+            >>> asm.drain().batch is None  # nothing left
+            True
+        """
+        _check_format(traj_format)
+        n_complete = len(self)
+        row_of_step = _rank_in(self._ids[: self._size], self._complete)
+        flight_rows, n_flight = self._in_flight_rows(first_row=n_complete)
+        dropped_trajs = dropped_frames = 0
+        if drop_incomplete:
+            dropped = flight_rows >= 0
+            dropped_trajs, dropped_frames = n_flight, int(dropped.sum())
+            self._alive[: self._size] &= ~dropped
+            self._n_dead += dropped_frames
+            n_flight = 0
+        else:
+            row_of_step = torch.maximum(row_of_step, flight_rows)
+        self._complete = self._complete[:0]
+        n_rows = n_complete + n_flight
+        batch = (
+            self._remove(row_of_step, n_rows, traj_format, cut_from=n_complete) if n_rows else None
+        )
+        return Drained(batch, dropped_trajs, dropped_frames)
+
+    def _in_flight_rows(self, first_row: int) -> tuple[Tensor, int]:
+        """Per pool row: ``first_row + k`` for a step of the ``k``-th episode in flight (in order
+        of first step), else -1; and the number of episodes in flight."""
+        rows = torch.full((self._size,), -1, dtype=torch.int64)
         steps = self._in_flight_mask().nonzero().squeeze(1)
         if steps.numel() == 0:
-            return None
-        return self._take(steps, index_by_id(self._ids[steps]), traj_format, mark_cut=True)
+            return rows, 0
+        index = index_by_id(self._ids[steps])
+        rows[steps] = index.row + first_row
+        return rows, index.n_rows
 
-    def _take(
-        self, steps: Tensor, index: TrajectoryIndex, traj_format: TrajFormat, *, mark_cut: bool
+    def _remove(
+        self, row_of_step: Tensor, n_rows: int, traj_format: TrajFormat, *, cut_from: int
     ) -> TensorDict:
-        assert self._pool is not None or steps.numel() == 0
+        """Take the live steps with ``row_of_step >= 0`` out of the pool, as ``n_rows`` rows;
+        rows ``>= cut_from`` get the cut mark on their last step."""
+        steps = (self._alive[: self._size] & (row_of_step >= 0)).nonzero().squeeze(1)
+        index = index_by_row(row_of_step[steps], n_rows)
         if self._pool is None:
             return TensorDict({}, batch_size=[0, 0] if traj_format == "padded" else [0])
         if traj_format == "cat":
@@ -353,11 +408,11 @@ class TrajectoryAssembler:
             batch_size=[steps.numel()],
             device=self._device,
         )
-        if mark_cut:
+        if cut_from < n_rows:
             if traj_format == "cat":
-                last = index.offsets()[1:] - 1
+                last = index.offsets()[1:][cut_from:] - 1
             else:
-                last = index.pos == index.lengths[index.row] - 1
+                last = (index.pos == index.lengths[index.row] - 1) & (index.row >= cut_from)
             flat.get(self.cut_key)[last] = True
         self._alive[steps] = False
         self._n_dead += steps.numel()
@@ -366,6 +421,21 @@ class TrajectoryAssembler:
         if traj_format == "cat":
             return flat
         return to_padded(flat, index, ids_key=self.trajectory_key, mask_key=self.mask_key)
+
+
+@dataclass(frozen=True)
+class Drained:
+    """What :meth:`TrajectoryAssembler.drain` returns.
+
+    Args:
+        batch: the remaining episodes (complete first, then in flight marked cut), or None.
+        dropped_trajs: episodes in flight dropped (``drop_incomplete=True``).
+        dropped_frames: the steps of those episodes.
+    """
+
+    batch: TensorDict | None
+    dropped_trajs: int
+    dropped_frames: int
 
 
 def _isin(values: Tensor, test: Tensor) -> Tensor:
