@@ -111,7 +111,9 @@ class GymVectorAdapter(EnvAdapter):
         obs, _ = self.env.reset(options={"reset_mask": np.asarray(mask, dtype=np.bool_)})
         self.obs = self._flatten(obs)
 
-    def _read_step(self, action: Any, c: int) -> tuple[Any, np.ndarray, np.ndarray]:
+    def _read_step(self, action: Any, c: int) -> np.ndarray | None:
+        """Step the env and write the results at column ``c``; return the mask of envs whose
+        episode ended, or None if none did."""
         obs, reward, terminated, truncated, info = self._step(action)
         if self.check_next:
             self._check_step(obs, reward, terminated, truncated)
@@ -120,7 +122,9 @@ class GymVectorAdapter(EnvAdapter):
         self._reward[c] = reward
         self._terminated[c] = terminated
         self._truncated[c] = truncated
-        return obs, terminated, truncated
+        if np.count_nonzero(terminated) or np.count_nonzero(truncated):
+            return terminated | truncated
+        return None
 
 
 class NextStepVectorAdapter(GymVectorAdapter):
@@ -142,16 +146,13 @@ class NextStepVectorAdapter(GymVectorAdapter):
                 self._ended = None
 
     def step(self, action: Any, c: int) -> np.ndarray | None:
-        _, terminated, truncated = self._read_step(action, c)
+        ended = self._read_step(action, c)
         # The observation entering the next step is the one just written to staging: read it
         # from there (C-contiguous) rather than from the env's array, which vector entry points
         # return transposed (copying that twice per step costs more than the physics).
         self.obs = [arr[c] for arr in self._next_obs]
         dead = self._ended  # envs that ended last step: this step was their reset
-        if np.count_nonzero(terminated) or np.count_nonzero(truncated):
-            self._ended = terminated | truncated  # a dead step never reports an end
-        else:
-            self._ended = None
+        self._ended = ended  # a dead step never reports an end
         return dead
 
 
@@ -159,10 +160,9 @@ class SameStepVectorAdapter(GymVectorAdapter):
     """SAME_STEP autoreset: patches in the true final observation from ``infos["final_obs"]``."""
 
     def step(self, action: Any, c: int) -> np.ndarray | None:
-        _, terminated, truncated = self._read_step(action, c)
-        if not (np.count_nonzero(terminated) or np.count_nonzero(truncated)):
+        ended = self._read_step(action, c)
+        if ended is None:
             return None
-        ended = terminated | truncated
         info = self._last_info
         final = info.get("final_obs")
         if final is None:
@@ -181,10 +181,9 @@ class DisabledVectorAdapter(GymVectorAdapter):
     """DISABLED autoreset: resets the finished envs with ``reset(options={"reset_mask": ...})``."""
 
     def step(self, action: Any, c: int) -> np.ndarray | None:
-        _, terminated, truncated = self._read_step(action, c)
-        if not (np.count_nonzero(terminated) or np.count_nonzero(truncated)):
+        ended = self._read_step(action, c)
+        if ended is None:
             return None
-        ended = terminated | truncated
         obs, _ = self.env.reset(options={"reset_mask": ended})
         self.obs = self._flatten(obs)
         return ended
