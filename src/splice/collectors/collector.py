@@ -83,7 +83,8 @@ class Collector(CollectorBase):
 
     Raises:
         ValueError: invalid arguments (the message names the argument); nothing is created.
-        TypeError: an ``env`` or ``replay_buffer`` of the wrong kind.
+        TypeError: an ``env`` or ``replay_buffer`` of the wrong kind, or a count (frames,
+            ``seed``, ``worker_id``, ``num_envs``...) that is not an int; a bool is refused.
         ImportError: ``progress=True`` without tqdm.
 
     Examples:
@@ -148,11 +149,12 @@ class Collector(CollectorBase):
             drop_incomplete=drop_incomplete,
             replay_buffer=replay_buffer,
             policy=policy,
+            seed=seed,
         )
         self.adapter = make_adapter(env, num_envs=num_envs, env_kwargs=env_kwargs)
         try:
             b = self.adapter.num_envs
-            steps = math.ceil(frames_per_batch / b)
+            steps = math.ceil(settings.frames_per_batch / b)
             self.ids = TrajectoryIds(worker_id)
             self._loop = RolloutLoop(
                 self.adapter,
@@ -161,7 +163,7 @@ class Collector(CollectorBase):
                 ids=self.ids,
                 max_frames_per_traj=max_frames_per_traj,
                 set_truncated=set_truncated,
-                seed=seed,
+                seed=None if seed is None else int(seed),
                 device=device,
                 storing_device=storing_device,
                 track_episodes=progress or track_episodes,
