@@ -187,12 +187,11 @@ class CollectorBase(ABC):
 
     def _raise_if_failed(self, action: str) -> None:
         """A collector whose background thread died does nothing more but shut down."""
-        failure = None if self._runner is None else self._runner.failure
-        if failure is not None:
-            raise RuntimeError(
+        if self._runner is not None:
+            self._runner.raise_failure(
                 f"cannot {action}: background collection failed (the cause below); shut the "
                 "collector down"
-            ) from failure
+            )
 
     def _budget_left(self) -> bool:
         return self.total_frames == -1 or self._frames < self.total_frames

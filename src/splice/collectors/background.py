@@ -112,9 +112,15 @@ class BackgroundRunner:
     def check(self) -> None:
         """Re-raise, in the caller, an exception the thread died of (once: later calls return,
         :attr:`failure` keeps it)."""
-        if self._error is not None and not self._reported:
+        if not self._reported:
+            self.raise_failure("background collection failed")
+
+    def raise_failure(self, message: str) -> None:
+        """If the thread died of an exception, raise ``RuntimeError(message)`` from it (at every
+        call); :meth:`check` and :meth:`join` then count it as reported."""
+        if self._error is not None:
             self._reported = True
-            raise RuntimeError("background collection failed") from self._error
+            raise RuntimeError(message) from self._error
 
     def pause(self, timeout: float | None = None) -> None:
         """Ask the thread to pause after the current batch; return once it has paused."""
