@@ -37,6 +37,13 @@ class Collector(CollectorBase):
     With ``trajs_per_batch`` the number of yields depends on episode lengths, so ``len()``
     raises ``TypeError`` (as it does for an endless collector); ``list(collector)`` works.
 
+    **Frame accounting.** Every collected frame is accounted for:
+    ``frames == stored + dropped_frames + frames_buffered``, where *stored* counts the frames
+    delivered (yielded, and written to ``replay_buffer``) and :attr:`frames_buffered` the steps
+    held to complete episodes (``trajs_per_batch``; 0 once the run has ended). Frames are
+    dropped by ``drop_incomplete`` and when ``replay_buffer.extend`` raises (the whole output
+    it was given); :attr:`dropped_trajs` counts their trajectories.
+
     Args:
         env: a ``gymnasium.Env``; a ``gymnasium.vector.VectorEnv`` (``SyncVectorEnv``,
             ``AsyncVectorEnv``, a vector entry point, envpool...) in any autoreset mode; a
