@@ -299,6 +299,7 @@ class CountingEnv(gym.Env[np.ndarray, np.int64]):
     Resets never count as steps, so along an env row the first obs entry counts 0, 1, 2, ...
     across episodes and batches: a dead step, a lost step or a repeated step shows up as a
     jump. The reward is the action, so data from two runs can be compared step by step.
+    Every info (reset and step) repeats the counts: ``{"total": ..., "t": ...}``.
 
     Examples:
         >>> env = CountingEnv(length=2)
@@ -325,7 +326,7 @@ class CountingEnv(gym.Env[np.ndarray, np.int64]):
         """Start an episode (not a step: the total count does not move)."""
         super().reset(seed=seed)
         self.t = 0
-        return self._obs(), {}
+        return self._obs(), {"total": self.total, "t": self.t}
 
     def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
         """One step; the reward is the action."""
@@ -333,7 +334,8 @@ class CountingEnv(gym.Env[np.ndarray, np.int64]):
         self.t += 1
         terminated = self.t >= self.length
         truncated = self.trunc is not None and self.t >= self.trunc and not terminated
-        return self._obs(), float(action), terminated, truncated, {}
+        info = {"total": self.total, "t": self.t}
+        return self._obs(), float(action), terminated, truncated, info
 
 
 def counting_vec(

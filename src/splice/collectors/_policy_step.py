@@ -207,7 +207,7 @@ class PolicyStep:
                 )
             raise PolicyError(
                 f"policy output 'action' has dtype {action.dtype} and shape {list(action.shape)}; "
-                f"the action space {leaf.space!r} needs shape {list(expected)} and a "
+                f"the action space {leaf.space!r} needs shape {list(expected)} and a"
                 f"{'n integer' if leaf.dtype.kind in 'iu' else ' ' + leaf.dtype.name} dtype "
                 f"compatible with {leaf.dtype.name}{hint}"
             )

@@ -203,13 +203,15 @@ class InfoReader:
                 required += [False] * len(declared)
                 continue
             value, mask = _lookup(reset_info, info_key.key)
-            if value is None or (mask is not None and not np.all(mask)):
+            if value is None:
                 raise EnvError(
                     f"info key {_fmt(info_key.key)} is not in the env's reset info (keys there: "
                     f"{_keys_of(reset_info)}); a required info key must be in every info. If "
                     "only some steps carry it, declare its layout to store zero elsewhere: "
-                    f"info_keys={{{info_key.key!r}: gymnasium.spaces.Box(...)}}"
+                    f"info_keys={{{_fmt(info_key.key)}: gymnasium.spaces.Box(...)}}"
                 )
+            if mask is not None and not np.all(mask):
+                self._missing(info_key.key, "reset()", np.flatnonzero(~np.asarray(mask)))
             leaves.append(self._leaf_of(info_key.key, value))
             required.append(True)
         self.leaves, self._required = leaves, required
@@ -303,7 +305,7 @@ class InfoReader:
         raise EnvError(
             f"info key {_fmt(key)} is missing from the info of {what}{where}; a required info "
             "key must be in every info. If only some steps carry it, declare its layout to "
-            f"store zero elsewhere: info_keys={{{key!r}: gymnasium.spaces.Box(...)}}"
+            f"store zero elsewhere: info_keys={{{_fmt(key)}: gymnasium.spaces.Box(...)}}"
         )
 
 
