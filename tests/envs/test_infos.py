@@ -73,7 +73,7 @@ def test_policy_sees_the_entering_info() -> None:
     with Collector(
         counting_vec(LENGTHS), policy, frames_per_batch=30, total_frames=30, info_keys=["t"]
     ) as c:
-        (batch,) = list(c)
+        (_batch,) = list(c)
     assert len(seen) > 10  # called every step (plus the first, discovery call)
 
 
@@ -182,7 +182,13 @@ def test_envpool_like_infos_without_masks() -> None:
 
         def step(self, actions):
             self.t += 1
-            return self.t[:, None].astype(np.float32), np.ones(2), self.t > 10, self.t < 0, self.info()
+            return (
+                self.t[:, None].astype(np.float32),
+                np.ones(2),
+                self.t > 10,
+                self.t < 0,
+                self.info(),
+            )
 
     (batch,) = collect(
         Envpool(), None, frames_per_batch=10, total_frames=10, info_keys=["elapsed_step", "env_id"]
@@ -220,13 +226,15 @@ def test_missing_required_key_later_names_it() -> None:
 
 
 def test_missing_for_some_envs_of_a_vector_env_names_the_rows() -> None:
-    env = SyncVectorEnv([lambda: InfoEnv(lambda t: {"x": 1})] + [lambda: InfoEnv(lambda t: {})])
+    env = SyncVectorEnv([lambda: InfoEnv(lambda t: {"x": 1}), lambda: InfoEnv(lambda t: {})])
     with pytest.raises(EnvError, match=r"'x' is missing from the info of reset\(\)"):
         next(iter(Collector(env, frames_per_batch=6, info_keys=["x"])))
     env = SyncVectorEnv(
-        [lambda: InfoEnv(lambda t: {"x": 1})] + [lambda: InfoEnv(lambda t: {"x": 1} if t < 2 else {})]
+        [lambda: InfoEnv(lambda t: {"x": 1}), lambda: InfoEnv(lambda t: {"x": 1} if t < 2 else {})]
     )
-    with pytest.raises(EnvError, match=r"'x' is missing from the info of step\(\) \(env rows \[1\]\)"):
+    with pytest.raises(
+        EnvError, match=r"'x' is missing from the info of step\(\) \(env rows \[1\]\)"
+    ):
         next(iter(Collector(env, frames_per_batch=6, info_keys=["x"])))
 
 

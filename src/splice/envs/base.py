@@ -127,9 +127,13 @@ class EnvAdapter(ABC):
         self._update_fast_path()
 
     def _update_fast_path(self) -> None:
-        # One tensor observation leaf and no info: the step writes the env's array directly.
+        # The observation is one tensor leaf (not inside a Dict/Tuple) and no info is read:
+        # the step writes the env's array directly.
         self._single_leaf = (
-            len(self.obs_leaves) == 1 and not self._object_obs and not self.infos.keys
+            len(self.obs_leaves) == 1
+            and self.obs_leaves[0].path == ()
+            and not self._object_obs
+            and not self.infos.keys
         )
 
     def select(
