@@ -43,3 +43,11 @@ def test_bench_replay_quick() -> None:
     assert any("TorchRL SliceSampler(cache_values=True)" in line for line in lines)
     assert any("raw gather, precomputed slices" in line for line in lines)
     assert sum(line.startswith("| splice") for line in lines) >= 8
+
+
+def test_bench_envs_quick() -> None:
+    lines = run_quick("bench_envs")
+    assert any(line.startswith("| Pendulum-v1 ") and "x |" in line for line in lines)
+    assert any("| plain nn.Module " in line for line in lines)
+    assert any("TensorDictModule (by hand)" in line for line in lines)
+    assert any("random, action_mask" in line for line in lines)
