@@ -11,6 +11,8 @@ import pytest
 import torch
 from gymnasium import spaces
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from tensordict import TensorDictBase
 
 from splice import Collector
@@ -288,3 +290,27 @@ def test_text_info_entries_are_non_tensor() -> None:
 def test_bad_info_keys_are_refused_up_front(info_keys: Any, error: type, match: str) -> None:
     with pytest.raises(error, match=match):
         Collector(CountingEnv(), frames_per_batch=4, info_keys=info_keys)
+
+
+@given(
+    lengths=st.lists(st.integers(1, 6), min_size=1, max_size=4),
+    mode=st.sampled_from(MODES),
+    limit=st.one_of(st.none(), st.integers(1, 5)),
+    steps=st.integers(1, 7),
+)
+@settings(max_examples=25, deadline=None)
+def test_infos_line_up_with_observations(
+    lengths: list[int], mode: AutoresetMode, limit: int | None, steps: int
+) -> None:
+    """Whatever the episode lengths, autoreset mode, time limit and batch size, every step's
+    entering info matches its observation and its next info the true next observation."""
+    n = len(lengths)
+    batches = collect(
+        counting_vec(lengths, mode),
+        frames_per_batch=n * steps,
+        total_frames=3 * n * steps,
+        info_keys=["total", "t"],
+        max_frames_per_traj=limit,
+    )
+    for batch in batches:
+        check_counting_infos(batch)
