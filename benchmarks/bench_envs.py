@@ -23,68 +23,30 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
-import gymnasium as gym
 import torch
-from gymnasium.vector import SyncVectorEnv
 from tensordict.nn import TensorDictModule
 
 import splice
-from benchmarks._harness import interleaved, parser, table
+from benchmarks._harness import frames_per_second, parser, table
 from benchmarks.bench_collector import batches
+from splice.testing import ENV_ZOO, EnvFamily
 
 MAX_STEPS = 200  # every family's episodes are cut here (gymnasium's TimeLimit)
+#: Frames per timed call relative to the others: slow envs get fewer.
+SCALE = {"hopper": 0.5, "minigrid": 0.5, "atari": 0.1}
+LABEL = {
+    "minigrid": "MiniGrid-MemoryS7 (raw, text)",
+    "atari": "Pong (Atari wrappers, 4x84x84)",
+    "taxi": "Taxi-v4 + action_mask",
+    "blackjack": "Blackjack + episode statistics",
+}
 
 
-@dataclass(frozen=True)
-class Family:
-    name: str
-    env_id: str
-    package: str | None = None
-    kwargs: dict[str, Any] = field(default_factory=dict)
-    wrap: Callable[[gym.Env], gym.Env] | None = None
-    info_keys: list[str] | None = None
-    #: frames per timed call, relative to the others (slow envs: fewer)
-    scale: float = 1.0
-
-    def make(self) -> gym.Env:
-        if self.package == "ale_py":
-            import ale_py
-
-            gym.register_envs(ale_py)
-        elif self.package is not None:
-            __import__(self.package)
-        env = gym.make(self.env_id, max_episode_steps=MAX_STEPS, **self.kwargs)
-        return self.wrap(env) if self.wrap is not None else env
-
-    def make_env(self, n: int) -> Any:
-        return self.make() if n == 0 else SyncVectorEnv([self.make] * n)
-
-
-def atari(env: gym.Env) -> gym.Env:
-    env = gym.wrappers.AtariPreprocessing(env, frame_skip=4, screen_size=84, noop_max=0)
-    return gym.wrappers.FrameStackObservation(env, 4)
-
-
-FAMILIES = [
-    Family("Pendulum-v1", "Pendulum-v1"),
-    Family("Hopper-v5", "Hopper-v5", "mujoco", scale=0.5),
-    Family("MiniGrid-MemoryS7 (raw, text)", "MiniGrid-MemoryS7-v0", "minigrid", scale=0.5),
-    Family(
-        "Pong (Atari wrappers, 4x84x84)",
-        "ALE/Pong-v5",
-        "ale_py",
-        {"frameskip": 1},
-        atari,
-        scale=0.1,
-    ),
-    Family("popgym RepeatPreviousEasy", "popgym-RepeatPreviousEasy-v0", "popgym"),
-    Family("Taxi-v4 + action_mask", "Taxi-v4", info_keys=["action_mask"]),
-    Family("FrozenLake-v1", "FrozenLake-v1"),
-    Family("Blackjack-v1", "Blackjack-v1"),
-]
+def make_env(family: EnvFamily, n: int) -> Any:
+    """One env (``n == 0``) or ``n`` envs in a ``SyncVectorEnv``."""
+    return family.make(MAX_STEPS) if n == 0 else family.make_vec(n, MAX_STEPS)
 
 
 def bare(env: Any, single: bool) -> Callable[[int], int]:
@@ -105,46 +67,49 @@ def bare(env: Any, single: bool) -> Callable[[int], int]:
     return run
 
 
-def collector(env: Any, policy: Any = None, **kw: Any) -> tuple[Callable[[int], int], Any]:
-    c = splice.Collector(env, policy, seed=0, **kw)
-    return batches(iter(c), lambda b: b.numel()), c
-
-
-def timed(runs: dict[str, tuple[Callable[[int], int], int]], rounds: int) -> dict[str, float]:
-    """Frames/s of every contender (median of round-robin rounds)."""
-    done: dict[str, int] = {}
-
-    def contender(name: str, run: Callable[[int], int], n: int) -> Callable[[], None]:
-        def call() -> None:
-            done[name] = run(n)
-
-        return call
-
-    timings = interleaved({k: contender(k, r, n) for k, (r, n) in runs.items()}, rounds=rounds)
-    return {k: done[k] / t.median for k, t in timings.items()}
+def collectors(
+    contenders: dict[str, tuple[Any, Any, dict[str, Any]]], frames: int, rounds: int
+) -> dict[str, float]:
+    """Frames/s of a ``splice.Collector`` per contender ``name -> (env, policy, kwargs)``."""
+    runs, made = {}, []
+    for name, (env, policy, kwargs) in contenders.items():
+        c = splice.Collector(env, policy, seed=0, **kwargs)
+        runs[name] = (batches(iter(c), lambda b: b.numel()), frames)
+        made.append(c)
+    try:
+        return frames_per_second(runs, rounds=rounds)
+    finally:
+        for c in made:
+            c.shutdown()
 
 
 def env_families(num_envs: int, frames: int, fpb: int, rounds: int) -> list[list[str]]:
     rows = []
-    for family in FAMILIES:
+    for family in ENV_ZOO:
+        label = LABEL.get(family.name, family.env_id)
         try:
             family.make().close()
         except ImportError as e:  # an optional env package (extra 'envs') is missing
-            rows.append([family.name, "-", "n/a", "n/a", f"not installed ({e.name})"])
+            rows.append([label, "-", "n/a", "n/a", f"not installed ({e.name})"])
             continue
+        scale = SCALE.get(family.name, 1.0)
+        size, todo = max(1, round(fpb * scale)), max(1, round(frames * scale))
         for n in (0, num_envs):
-            bare_env = family.make_env(n)
-            size = max(1, round(fpb * family.scale))
-            run, c = collector(
-                family.make_env(n), frames_per_batch=size, info_keys=family.info_keys
+            bare_env = make_env(family, n)
+            kwargs = {"frames_per_batch": size, "info_keys": family.info_keys}
+            c = splice.Collector(make_env(family, n), seed=0, **kwargs)
+            fps = frames_per_second(
+                {
+                    "bare": (bare(bare_env, n == 0), todo),
+                    "splice": (batches(iter(c), lambda b: b.numel()), todo),
+                },
+                rounds=rounds,
             )
-            todo = max(size, round(frames * family.scale))
-            fps = timed({"bare": (bare(bare_env, n == 0), todo), "splice": (run, todo)}, rounds)
             c.shutdown()
             bare_env.close()
             rows.append(
                 [
-                    family.name,
+                    label,
                     str(max(n, 1)),
                     f"{fps['bare']:,.0f}",
                     f"{fps['splice']:,.0f}",
@@ -166,6 +131,8 @@ def mlp(obs_dim: int, out: int) -> torch.nn.Module:
 
 
 def policy_forms(num_envs: int, frames: int, fpb: int, rounds: int) -> list[list[str]]:
+    pendulum = EnvFamily("pendulum", "Pendulum-v1")
+    taxi = EnvFamily("taxi", "Taxi-v4")
     rows = []
     for n in (0, num_envs):
         net = mlp(3, 1)
@@ -174,46 +141,36 @@ def policy_forms(num_envs: int, frames: int, fpb: int, rounds: int) -> list[list
             td["action"] = net(td["observation"])
             return td
 
-        contenders = {
+        policies = {
             "plain nn.Module": net,
             "TensorDictModule (by hand)": TensorDictModule(net, ["observation"], ["action"]),
             "td -> td function (by hand)": by_hand,
         }
-        runs, closers = {}, []
-        for name, policy in contenders.items():
-            run, c = collector(Family("", "Pendulum-v1").make_env(n), policy, frames_per_batch=fpb)
-            runs[name] = (run, frames)
-            closers.append(c)
-        fps = timed(runs, rounds)
-        for c in closers:
-            c.shutdown()
-        plain = fps["plain nn.Module"]
-        for name in contenders:
-            rows.append(
-                [
-                    f"Pendulum, {max(n, 1)} env(s), 2x64 MLP",
-                    name,
-                    f"{fps[name]:,.0f}",
-                    f"{plain / fps[name]:.2f}x",
-                ]
-            )
+        kw = {"frames_per_batch": fpb}
+        fps = collectors(
+            {k: (make_env(pendulum, n), p, kw) for k, p in policies.items()}, frames, rounds
+        )
+        for name, value in fps.items():
+            config = f"Pendulum, {max(n, 1)} env(s), 2x64 MLP"
+            ratio = fps["plain nn.Module"] / value
+            rows.append([config, name, f"{value:,.0f}", f"{ratio:.2f}x"])
     for n in (0, num_envs):
-        taxi = Family("", "Taxi-v4")
-        runs, closers = {}, []
-        for name, keys in (
-            ("random, no info_keys", None),
-            ("random, action_mask", ["action_mask"]),
-        ):
-            run, c = collector(taxi.make_env(n), frames_per_batch=fpb, info_keys=keys)
-            runs[name] = (run, frames)
-            closers.append(c)
-        fps = timed(runs, rounds)
-        for c in closers:
-            c.shutdown()
+        fps = collectors(
+            {
+                "random, no info_keys": (make_env(taxi, n), None, {"frames_per_batch": fpb}),
+                "random, action_mask": (
+                    make_env(taxi, n),
+                    None,
+                    {"frames_per_batch": fpb, "info_keys": ["action_mask"]},
+                ),
+            },
+            frames,
+            rounds,
+        )
         base = fps["random, no info_keys"]
-        for name in runs:
+        for name, value in fps.items():
             rows.append(
-                [f"Taxi, {max(n, 1)} env(s)", name, f"{fps[name]:,.0f}", f"{fps[name] / base:.2f}x"]
+                [f"Taxi, {max(n, 1)} env(s)", name, f"{value:,.0f}", f"{value / base:.2f}x"]
             )
     return rows
 

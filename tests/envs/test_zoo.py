@@ -3,20 +3,17 @@
 episode of every env row checked step by step against a hand-run of the same env with the same
 seed and actions.
 
-Optional env packages (extra ``envs``) are skipped with a reason only when not installed.
+The families are :data:`splice.testing.ENV_ZOO`. Optional env packages (extra ``envs``) are
+skipped with a reason only when not installed.
 """
 
 from __future__ import annotations
-
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any
 
 import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-from gymnasium.vector import AutoresetMode, SyncVectorEnv
+from gymnasium.vector import SyncVectorEnv
 from tensordict import TensorDictBase
 
 from splice import (
@@ -28,77 +25,26 @@ from splice import (
     split_trajectories,
 )
 from splice._non_tensor import non_tensor_values
-from splice.envs import EPISODE_STATISTICS
 from splice.envs.spaces import flattener, observation_leaves
 from splice.replay import LazyTensorStorage
+from splice.testing import ENV_ZOO, EnvFamily
 
 #: Every episode is cut at this many steps (gymnasium's TimeLimit), so that short runs hold
 #: whole episodes to assemble.
 MAX_STEPS = 25
+IDS = [f.name for f in ENV_ZOO]
 
 
-@dataclass(frozen=True)
-class Family:
-    """One env family: how to make ONE env (the vector env is a SyncVectorEnv of these)."""
-
-    name: str
-    env_id: str
-    package: str | None = None
-    make_kwargs: dict[str, Any] = field(default_factory=dict)
-    wrap: Callable[[gym.Env], gym.Env] | None = None
-    info_keys: Any = None
-    #: non-tensor observation keys (carried by the collector, not yet by split/replay)
-    non_tensor: tuple[tuple[str, ...], ...] = ()
-    mode: AutoresetMode = AutoresetMode.NEXT_STEP
-
-    def make(self) -> gym.Env:
-        if self.package is not None:
-            module = pytest.importorskip(self.package, reason=f"extra 'envs': {self.package}")
-            if self.package == "ale_py":
-                gym.register_envs(module)
-        env = gym.make(self.env_id, max_episode_steps=MAX_STEPS, **self.make_kwargs)
-        return self.wrap(env) if self.wrap is not None else env
-
-    def make_vec(self, n: int = 2) -> SyncVectorEnv:
-        self.make()  # skips when the package is missing
-        return SyncVectorEnv([self.make] * n, autoreset_mode=self.mode)
+def make(family: EnvFamily) -> gym.Env:
+    try:
+        return family.make(MAX_STEPS)
+    except ImportError as e:
+        pytest.skip(f"{family.package} is not installed (extra 'envs'): {e}")
 
 
-def atari(env: gym.Env) -> gym.Env:
-    env = gym.wrappers.AtariPreprocessing(env, frame_skip=4, screen_size=84, noop_max=0)
-    return gym.wrappers.FrameStackObservation(env, 4)
-
-
-FAMILIES = [
-    Family("pendulum", "Pendulum-v1", mode=AutoresetMode.SAME_STEP),
-    Family("hopper", "Hopper-v5", package="mujoco", info_keys=["x_position"]),
-    Family(
-        "minigrid",
-        "MiniGrid-MemoryS7-v0",
-        package="minigrid",
-        non_tensor=(("observation", "mission"),),
-        mode=AutoresetMode.DISABLED,
-    ),
-    Family(
-        "atari",
-        "ALE/Pong-v5",
-        package="ale_py",
-        make_kwargs={"frameskip": 1},
-        wrap=atari,
-        info_keys=["lives"],
-    ),
-    Family("popgym", "popgym-RepeatPreviousEasy-v0", package="popgym"),
-    Family("taxi", "Taxi-v4", info_keys=["action_mask"], mode=AutoresetMode.SAME_STEP),
-    Family("frozenlake", "FrozenLake-v1"),
-    Family(
-        "blackjack",
-        "Blackjack-v1",
-        wrap=gym.wrappers.RecordEpisodeStatistics,
-        info_keys={"episode": EPISODE_STATISTICS},
-        mode=AutoresetMode.DISABLED,
-    ),
-]
-IDS = [f.name for f in FAMILIES]
+def make_vec(family: EnvFamily, n: int = 2) -> SyncVectorEnv:
+    make(family).close()  # skips when the package is missing
+    return family.make_vec(n, MAX_STEPS)
 
 
 def leaves_of(batch: TensorDictBase, prefix: tuple[str, ...], keys: list) -> list[np.ndarray]:
@@ -109,10 +55,10 @@ def leaves_of(batch: TensorDictBase, prefix: tuple[str, ...], keys: list) -> lis
     return out
 
 
-def check_first_episode(family: Family, row: TensorDictBase, seed: int) -> int:
+def check_first_episode(family: EnvFamily, row: TensorDictBase, seed: int) -> int:
     """Replay the row's actions in a fresh env reset with ``seed``; compare every step of the
     first episode. Returns the number of steps compared."""
-    env = family.make()
+    env = make(family)
     space = env.observation_space
     leaves = observation_leaves(space)
     keys = [leaf.key for leaf in leaves]
@@ -146,10 +92,10 @@ def check_first_episode(family: Family, row: TensorDictBase, seed: int) -> int:
     return row.shape[0]
 
 
-@pytest.mark.parametrize("family", FAMILIES, ids=IDS)
+@pytest.mark.parametrize("family", ENV_ZOO, ids=IDS)
 @pytest.mark.parametrize("vector", [False, True], ids=["single", "vector"])
-def test_collect_matches_hand_run(family: Family, vector: bool) -> None:
-    env = family.make_vec() if vector else family.make()
+def test_collect_matches_hand_run(family: EnvFamily, vector: bool) -> None:
+    env = make_vec(family) if vector else make(family)
     with Collector(
         env, frames_per_batch=60, total_frames=60, seed=7, info_keys=family.info_keys
     ) as c:
@@ -164,12 +110,12 @@ def test_collect_matches_hand_run(family: Family, vector: bool) -> None:
         assert batch["observation"].dtype == torch.uint8
 
 
-def pipeline(family: Family, exclude: bool) -> None:
+def pipeline(family: EnvFamily, exclude: bool) -> None:
     """Collect two batches; split them, assemble whole episodes, write them to a replay buffer
     and sample slices."""
     kwargs = {"exclude_keys": list(family.non_tensor)} if exclude else {}
     with Collector(
-        family.make_vec(),
+        make_vec(family),
         frames_per_batch=60,
         total_frames=120,
         seed=3,
@@ -201,8 +147,8 @@ def pipeline(family: Family, exclude: bool) -> None:
     assert torch.equal(sample["action"], rb[sample["index"]]["action"])
 
 
-@pytest.mark.parametrize("family", FAMILIES, ids=IDS)
-def test_split_assemble_replay(family: Family) -> None:
+@pytest.mark.parametrize("family", ENV_ZOO, ids=IDS)
+def test_split_assemble_replay(family: EnvFamily) -> None:
     pipeline(family, exclude=bool(family.non_tensor))
 
 
@@ -213,8 +159,8 @@ def test_split_assemble_replay(family: Family) -> None:
     "replay half): the raw MiniGrid batch is refused by name; remove this mark when they do",
 )
 def test_split_assemble_replay_raw_minigrid() -> None:
-    family = next(f for f in FAMILIES if f.name == "minigrid")
-    with Collector(family.make_vec(), frames_per_batch=60, total_frames=60, seed=3) as c:
+    family = next(f for f in ENV_ZOO if f.name == "minigrid")
+    with Collector(make_vec(family), frames_per_batch=60, total_frames=60, seed=3) as c:
         (batch,) = list(c)
     split_trajectories(batch)
     ReplayBuffer(storage=LazyTensorStorage(100)).extend(batch)
