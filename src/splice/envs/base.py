@@ -228,9 +228,15 @@ class EnvAdapter(ABC):
             self.infos.discover(info)
         return self.infos.read(info, what)
 
-    def _write_next_info(self, values: list[Any], c: int) -> None:
-        for arr, value in zip(self._next_info, values, strict=True):
-            arr[c] = value
+    def _read_next_info(self, info: Any, c: int, check: bool) -> list[Any]:
+        """Read the step's info leaves, write them at column ``c``; return them."""
+        values = self.infos.read(info, "step()", check)
+        try:
+            for arr, value in zip(self._next_info, values, strict=True):
+                arr[c] = value
+        except ValueError:
+            self.infos.raise_bad_values(values, "step()")
+        return values
 
     # --------------------------------------------------------------- validation
     def _check_obs(self, obs: Any, what: str) -> None:

@@ -57,16 +57,15 @@ class GymEnvAdapter(EnvAdapter):
 
     def step(self, action: Any, c: int) -> np.ndarray | None:
         obs, reward, terminated, truncated, info = self._step(action)
-        if self.check_next:
+        check = self.check_next
+        if check:
             self._check_step(obs, reward, terminated, truncated)
         if self._single_leaf:
             self._next_obs0[c] = obs
         else:
             values = self._write_next_obs(obs, c)
             if self.infos.keys:
-                info_values = self.infos.read(info, "step()")
-                self._write_next_info(info_values, c)
-                values += info_values
+                values += self._read_next_info(info, c, check)
         self._reward[c] = reward
         self._terminated[c] = terminated
         self._truncated[c] = truncated

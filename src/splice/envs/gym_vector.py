@@ -166,14 +166,13 @@ class GymVectorAdapter(EnvAdapter):
         """Step the env and write the results at column ``c``; return the mask of envs whose
         episode ended, or None if none did."""
         obs, reward, terminated, truncated, info = self._step(action)
-        if self.check_next:
+        check = self.check_next
+        if check:
             self._check_step(obs, reward, terminated, truncated)
         self._last_info = info
         self.obs = self._write_next_obs(obs, c)
         if self.infos.keys:
-            info_values = self.infos.read(info, "step()")
-            self._write_next_info(info_values, c)
-            self.obs += info_values
+            self.obs += self._read_next_info(info, c, check)
         self._reward[c] = reward
         self._terminated[c] = terminated
         self._truncated[c] = truncated

@@ -176,6 +176,7 @@ class InfoReader:
         self.leaves: list[Leaf] = []
         #: Per leaf: required (True) or optional (False).
         self._required: list[bool] = []
+        self._plan: list[tuple[Leaf, Key, str, bool]] = []
         self.discovered = not keys
         for info_key in keys:
             if info_key.space is not None:
@@ -215,6 +216,11 @@ class InfoReader:
             leaves.append(self._leaf_of(info_key.key, value))
             required.append(True)
         self.leaves, self._required = leaves, required
+        #: per leaf: the leaf, its parent dict keys, its own key, whether it is required
+        self._plan = [
+            (leaf, leaf.key[:-1], leaf.key[-1], req)
+            for leaf, req in zip(leaves, required, strict=True)
+        ]
         self.discovered = True
         return leaves
 
@@ -244,25 +250,52 @@ class InfoReader:
             return Leaf(key, (), OBJECT, spaces.Space(), key)
         return Leaf(key, tuple(shape), arr.dtype, spaces.Space(tuple(shape), arr.dtype), key)
 
-    def read(self, info: Mapping[str, Any], what: str) -> list[Any]:
+    def read(self, info: Mapping[str, Any], what: str, check: bool = True) -> list[Any]:
         """The values of every leaf in ``info`` (``[B, ...]`` arrays for a vector env); zero
         for an optional entry the info lacks.
+
+        Args:
+            info: the info dict of a reset or step.
+            what: where it comes from (for messages).
+            check: also check every value's shape (the adapters do it at the first step of
+                each batch; a value numpy cannot write is caught at any step, see
+                :meth:`raise_bad_values`).
 
         Raises:
             EnvError: a required entry is missing (for some env), or has the wrong shape.
         """
         values = []
-        for leaf, required in zip(self.leaves, self._required, strict=True):
-            value, mask = _lookup(info, leaf.key)
-            if value is None:
+        batched = self.batched
+        for leaf, parents, last, required in self._plan:
+            try:
+                node = info
+                for part in parents:
+                    node = node[part]
+                value = node[last]
+            except (KeyError, TypeError, IndexError):
                 if required:
                     self._missing(leaf.key, what, np.arange(self.num_envs))
                 values.append(self._zeros(leaf))
                 continue
-            if mask is not None and required and not mask.all():
-                self._missing(leaf.key, what, np.flatnonzero(~np.asarray(mask)))
-            values.append(self._check(leaf, value, what))
+            if batched:
+                mask = node.get("_" + last)
+                if mask is not None and required and not mask.all():
+                    self._missing(leaf.key, what, np.flatnonzero(~np.asarray(mask)))
+                if not leaf.is_tensor:
+                    value = self._objects(value)
+            if check and leaf.is_tensor:
+                self._check(leaf, value, what)
+            values.append(value)
         return values
+
+    def raise_bad_values(self, values: list[Any], what: str) -> None:
+        """Raise the :class:`EnvError` that names the entry of ``values`` (from :meth:`read`)
+        whose shape differs from its layout (called when writing them failed)."""
+        for leaf, value in zip(self.leaves, values, strict=True):
+            if leaf.is_tensor:
+                self._check(leaf, value, what)
+        raise EnvError(f"the info entries {[leaf.key for leaf in self.leaves]} of {what} could "
+                       "not be stored")  # fmt: skip
 
     def read_rows(self, info: Mapping[str, Any], rows: np.ndarray, what: str) -> list[Any]:
         """Like :meth:`read`, for the envs ``rows`` only (values ``[len(rows), ...]``)."""
@@ -277,16 +310,20 @@ class InfoReader:
                 if value is None:
                     values.append(self._zeros(leaf, len(rows)))
                     continue
-            values.append(self._check(leaf, value, what)[rows])
+            if leaf.is_tensor:
+                self._check(leaf, value, what)
+            else:
+                value = self._objects(value) if self.batched else value
+            values.append(value[rows])
         return values
 
-    def _check(self, leaf: Leaf, value: Any, what: str) -> Any:
-        if not leaf.is_tensor:
-            if self.batched:
-                arr = np.empty(self.num_envs, OBJECT)
-                arr[:] = list(value)
-                return arr
-            return value
+    def _objects(self, value: Any) -> np.ndarray:
+        """A vector env's non-tensor entry as an object array ``[B]``."""
+        arr = np.empty(self.num_envs, OBJECT)
+        arr[:] = list(value)
+        return arr
+
+    def _check(self, leaf: Leaf, value: Any, what: str) -> None:
         shape = np.shape(value)
         expected = (*self._lead, *leaf.shape)
         if shape != expected:
@@ -294,7 +331,6 @@ class InfoReader:
                 f"info key {_fmt(leaf.key)} has shape {list(shape)} in the info of {what}; "
                 f"expected {list(expected)} (as in the first reset info)"
             )
-        return value
 
     def _zeros(self, leaf: Leaf, rows: int | None = None) -> np.ndarray:
         lead = self._lead if rows is None else (rows,)
