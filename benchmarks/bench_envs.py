@@ -5,9 +5,9 @@ Two tables, every contender timed round-robin in one process (``interleaved``):
 1. **Env families** (the env zoo: Pendulum, Hopper, raw MiniGrid with its text mission, Pong
    with AtariPreprocessing + FrameStackObservation, popgym, Taxi with ``info_keys=
    ["action_mask"]``, FrozenLake, Blackjack), random actions, 1 env and ``N`` envs
-   (``SyncVectorEnv``): ``splice.Collector`` vs a bare loop on the same env and env count
-   (``env.step(action_space.sample())``, resetting a single env at episode ends; for vector
-   envs the bare frames include NEXT_STEP's dead reset steps, which splice does not count).
+   (``SyncVectorEnv``, NEXT_STEP autoreset): ``splice.Collector`` vs a bare loop on the same
+   env and env count (``env.step(action_space.sample())``, resetting a single env at episode
+   ends; dead reset steps are not counted as frames by either).
    Target: splice/bare >= 0.85.
 2. **Policy forms and info cost**: a 2x64 MLP mapping Pendulum's observation to the action,
    passed to the collector as the plain ``nn.Module`` (:func:`splice.policies.as_policy`) vs
@@ -25,7 +25,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import torch
+from gymnasium.vector import SyncVectorEnv
 from tensordict.nn import TensorDictModule
 
 import splice
@@ -45,24 +47,36 @@ LABEL = {
 
 
 def make_env(family: EnvFamily, n: int) -> Any:
-    """One env (``n == 0``) or ``n`` envs in a ``SyncVectorEnv``."""
-    return family.make(MAX_STEPS) if n == 0 else family.make_vec(n, MAX_STEPS)
+    """One env (``n == 0``) or ``n`` envs in a ``SyncVectorEnv`` (gymnasium's default NEXT_STEP
+    autoreset, what a bare loop relies on)."""
+    if n == 0:
+        return family.make(MAX_STEPS)
+    family.make().close()  # ImportError before any env is built
+    return SyncVectorEnv([lambda: family.make(MAX_STEPS)] * n)
 
 
 def bare(env: Any, single: bool) -> Callable[[int], int]:
-    """``env.step(action_space.sample())`` in a loop; returns ``run(frames) -> frames``."""
+    """``env.step(action_space.sample())`` in a loop; returns ``run(frames) -> frames``,
+    counting real transitions only (NEXT_STEP's dead reset steps are not frames)."""
     env.reset(seed=0)
     env.action_space.seed(0)
     n = 1 if single else env.num_envs
     sample, step = env.action_space.sample, env.step
+    state = {"ended": np.zeros(n, np.bool_)}
 
     def run(frames: int) -> int:
-        steps = max(1, frames // n)
-        for _ in range(steps):
+        done, ended = 0, state["ended"]
+        while done < frames:
             _, _, term, trunc, _ = step(sample())
-            if single and (term or trunc):
-                env.reset()
-        return steps * n
+            if single:
+                done += 1
+                if term or trunc:
+                    env.reset()
+            else:
+                done += n - int(np.count_nonzero(ended))  # a dead step after every end
+                ended = term | trunc
+        state["ended"] = ended
+        return done
 
     return run
 

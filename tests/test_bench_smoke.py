@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -47,7 +48,9 @@ def test_bench_replay_quick() -> None:
 
 def test_bench_envs_quick() -> None:
     lines = run_quick("bench_envs")
-    assert any(line.startswith("| Pendulum-v1 ") and "x |" in line for line in lines)
+    ratio = re.compile(r"\| \d+\.\d\dx +\|$")
+    assert any(line.startswith("| Pendulum-v1 ") and ratio.search(line) for line in lines)
+    assert sum(bool(ratio.search(line)) for line in lines) >= 16 + 10  # every family, 1 and N
     assert any("| plain nn.Module " in line for line in lines)
     assert any("TensorDictModule (by hand)" in line for line in lines)
     assert any("random, action_mask" in line for line in lines)
