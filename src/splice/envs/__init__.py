@@ -17,7 +17,8 @@ from typing import Any
 import gymnasium as gym
 from gymnasium.vector import AutoresetMode, VectorEnv
 
-from splice.envs.base import EnvAdapter, EnvError, StepTargets
+from splice.envs.base import EnvAdapter, StepTargets
+from splice.envs.errors import EnvError
 from splice.envs.gym_env import GymEnvAdapter
 from splice.envs.gym_vector import (
     DisabledVectorAdapter,
@@ -25,14 +26,18 @@ from splice.envs.gym_vector import (
     NextStepVectorAdapter,
     SameStepVectorAdapter,
     autoreset_mode_of,
+    refuse_async,
 )
+from splice.envs.infos import EPISODE_STATISTICS, InfoKey
 
 __all__ = [
+    "EPISODE_STATISTICS",
     "EnvAdapter",
     "EnvError",
     "EnvLike",
     "GymEnvAdapter",
     "GymVectorAdapter",
+    "InfoKey",
     "StepTargets",
     "make_adapter",
 ]
@@ -58,7 +63,8 @@ def make_adapter(
     Raises:
         TypeError: ``env`` is none of the above, or ``num_envs``/``env_kwargs`` are given with
             an env object.
-        ValueError: a vector env with an unknown autoreset mode, or a non-positive ``num_envs``.
+        ValueError: a vector env with an unknown autoreset mode, a non-positive ``num_envs``,
+            or an envpool env in async mode (``batch_size < num_envs``).
 
     Examples:
         >>> import gymnasium as gym
@@ -83,6 +89,7 @@ def make_adapter(
             "num_envs and env_kwargs only apply to an env id string; got them with "
             f"{type(env).__name__}"
         )
+    refuse_async(env)
     if isinstance(env, VectorEnv):
         mode = autoreset_mode_of(env)
         if mode == AutoresetMode.NEXT_STEP:
