@@ -10,7 +10,7 @@ from splice import layout
 from splice.collectors import Collector, TrajectoryIds
 from splice.envs import EnvError
 from splice.layout import LayoutError, validate_batch
-from splice.policies import PolicyError, RandomPolicy
+from splice.policies import PolicyError, RandomPolicy, as_policy
 from splice.replay import (
     LazyMemmapStorage,
     LazyTensorStorage,
@@ -39,6 +39,7 @@ __all__ = [
     "SliceSamplerWithoutReplacement",
     "TrajectoryAssembler",
     "TrajectoryIds",
+    "as_policy",
     "cat_trajectories",
     "layout",
     "split_trajectories",

@@ -17,9 +17,10 @@ Examples:
     ...     td["action"] = (td["observation"][..., 0] > 0).long()
     ...     td["score"] = td["observation"].sum(-1)
     ...     return td
+    >>> (obs_leaf,) = observation_leaves(spaces.Box(-1, 1, (3,)))
     >>> step = PolicyStep(
     ...     policy,
-    ...     observation_leaves(spaces.Box(-1, 1, (3,))),
+    ...     [(("observation",), obs_leaf)],
     ...     action_leaf(spaces.Discrete(2)),
     ...     num_envs=2,
     ...     batched=True,
@@ -37,11 +38,13 @@ from typing import Any
 
 import numpy as np
 import torch
+from gymnasium import spaces
 from tensordict import TensorDict, TensorDictBase
 from tensordict.utils import NestedKey
 
+from splice._non_tensor import to_non_tensor
 from splice.envs.spaces import Leaf, check_action_dtype
-from splice.layout import ACTION, IS_INIT, NEXT, OBSERVATION, tensor_leaves
+from splice.layout import ACTION, IS_INIT, NEXT, tensor_leaves
 from splice.policies import PolicyError
 
 __all__ = ["OutputSpec", "PolicyStep"]
@@ -49,6 +52,13 @@ __all__ = ["OutputSpec", "PolicyStep"]
 Key = tuple[str, ...]
 #: A policy output the batch stores: its key, per-env shape and numpy dtype.
 OutputSpec = tuple[Key, tuple[int, ...], np.dtype[Any]]
+_UNSET = object()  # no non-tensor value set yet
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Whether two non-tensor values are known equal (plain scalars compared, others by
+    identity: comparing arbitrary objects may not give a bool)."""
+    return a is b or (type(a) is type(b) and isinstance(a, str | bytes | int | float) and a == b)
 
 
 def _numpy_dtype(key: Key, dtype: torch.dtype) -> np.dtype[Any]:
@@ -65,8 +75,11 @@ class PolicyStep:
     """Calls a TensorDict policy on one step of ``B`` envs; carries its recurrent state.
 
     Args:
-        policy: the policy (see :mod:`splice.policies`).
-        obs_leaves: the observation leaves of ONE env, with keys below ``"observation"``.
+        policy: the policy, in the protocol of :mod:`splice.policies` (wrap what a user gave
+            with :func:`splice.policies.as_policy` first).
+        input_leaves: ``(key, leaf)`` of every value entering a step (observation leaves,
+            then info leaves: :attr:`EnvAdapter.input_leaves`), for ONE env. Non-tensor leaves
+            reach the policy as tensordict non-tensor entries, rebuilt only when they change.
         action_leaf: the action leaf of ONE env.
         num_envs: ``B``.
         batched: False for a single env: the step TensorDict is unbatched (``[]``).
@@ -80,7 +93,7 @@ class PolicyStep:
     def __init__(
         self,
         policy: Callable[[TensorDictBase], TensorDictBase],
-        obs_leaves: list[Leaf],
+        input_leaves: list[tuple[Key, Leaf]],
         action_leaf: Leaf,
         *,
         num_envs: int,
@@ -93,18 +106,25 @@ class PolicyStep:
         self.device = None if device is None else torch.device(device)
         if self.device is not None and self.device.type == "cpu":
             self.device = None
-        obs_keys: list[Key] = [(OBSERVATION, *leaf.key) for leaf in obs_leaves]
-        self._obs_bufs = [
-            np.zeros((*self.batch_shape, *leaf.shape), leaf.dtype) for leaf in obs_leaves
-        ]
+        # One numpy buffer per tensor input (the step TensorDict holds torch views of them);
+        # ``None`` for a non-tensor input, set into the TensorDict when its value changes.
+        self._obs_bufs: list[np.ndarray | None] = []
+        self._object_inputs: list[tuple[int, Key]] = []
+        entries: dict[NestedKey, Any] = {}
+        for i, (key, leaf) in enumerate(input_leaves):
+            if leaf.is_tensor:
+                buf = np.zeros((*self.batch_shape, *leaf.shape), leaf.dtype)
+                self._obs_bufs.append(buf)
+                entries[key] = torch.from_numpy(buf)
+            else:
+                self._obs_bufs.append(None)
+                self._object_inputs.append((i, key))
+        self._last_objects: list[Any] = [_UNSET] * len(self._object_inputs)
         self._init_buf = np.zeros((*self.batch_shape, 1), np.bool_)
         self._init_flat = self._init_buf.reshape(-1)
-        entries: dict[NestedKey, torch.Tensor] = {
-            key: torch.from_numpy(buf) for key, buf in zip(obs_keys, self._obs_bufs, strict=True)
-        }
         entries[IS_INIT] = torch.from_numpy(self._init_buf)
         self.step_td = TensorDict(entries, batch_size=self.batch_shape)
-        self._input_keys: set[Key] = {*obs_keys, (IS_INIT,)}
+        self._input_keys: set[Key] = {key for key, _ in input_leaves} | {(IS_INIT,)}
         #: True once the first call has revealed the policy's outputs.
         self.discovered = False
         #: What :meth:`step` returns besides the action (see the class docstring).
@@ -129,7 +149,8 @@ class PolicyStep:
                 f"the policy returned a TensorDict of batch shape {list(out.batch_size)}; "
                 f"expected {list(self.batch_shape)} (the step's batch shape)"
             )
-        items = list(tensor_leaves(out, context="a policy's output", error=PolicyError))
+        own = out.exclude(*self._input_keys)  # the inputs may hold non-tensor entries
+        items = list(tensor_leaves(own, context="a policy's output", error=PolicyError))
         keys = {key for key, _ in items}
         if (ACTION,) not in keys:
             raise PolicyError(
@@ -138,7 +159,7 @@ class PolicyStep:
             )
         outputs, states = [], []
         for key, value in items:
-            if key in self._input_keys or key == (ACTION,):
+            if key == (ACTION,):
                 continue
             if key[0] == NEXT:
                 states.append((key[1:], value))
@@ -174,12 +195,39 @@ class PolicyStep:
         if tuple(action.shape) != expected or not check_action_dtype(
             leaf, _numpy_dtype((ACTION,), action.dtype)
         ):
+            hint = ""
+            if isinstance(leaf.space, spaces.Discrete) and tuple(action.shape) == (
+                *expected,
+                int(leaf.space.n),
+            ):
+                hint = (
+                    "; it looks like scores per action: wrap the module with "
+                    "splice.policies.as_policy(module, output='greedy') for Q-values or "
+                    "output='sample' for logits"
+                )
             raise PolicyError(
                 f"policy output 'action' has dtype {action.dtype} and shape {list(action.shape)}; "
-                f"the action space {leaf.space!r} needs shape {list(expected)} and a "
+                f"the action space {leaf.space!r} needs shape {list(expected)} and a"
                 f"{'n integer' if leaf.dtype.kind in 'iu' else ' ' + leaf.dtype.name} dtype "
-                f"compatible with {leaf.dtype.name}"
+                f"compatible with {leaf.dtype.name}{hint}"
             )
+
+    def _set_objects(self, obs: list[Any]) -> None:
+        """Set the non-tensor inputs whose value changed since the last step."""
+        for j, (i, key) in enumerate(self._object_inputs):
+            value, last = obs[i], self._last_objects[j]
+            if self.batch_shape:
+                if last is not _UNSET and all(map(_same, value, last)):
+                    continue
+                values = np.empty(self.batch_shape, dtype=object)
+                values[:] = list(value)
+                self.step_td.set(key, to_non_tensor(values))
+                self._last_objects[j] = values
+            else:
+                if last is not _UNSET and _same(value, last):
+                    continue
+                self.step_td.set_non_tensor(key, value)
+                self._last_objects[j] = value
 
     def check_next_action(self) -> None:
         """Validate the action of the next call (the loop asks once per batch)."""
@@ -204,7 +252,10 @@ class PolicyStep:
             The returned arrays are only valid until the next call.
         """
         for buf, value in zip(self._obs_bufs, obs, strict=True):
-            np.copyto(buf, value, casting="unsafe")
+            if buf is not None:
+                np.copyto(buf, value, casting="unsafe")
+        if self._object_inputs:
+            self._set_objects(obs)
         np.copyto(self._init_flat, init)
         if self.state_keys:
             if self._carried is not None:  # the state produced by the previous call

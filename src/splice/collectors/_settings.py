@@ -23,10 +23,16 @@ Examples:
 from __future__ import annotations
 
 import numbers
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
+from tensordict.utils import NestedKey
+
+from splice.envs.infos import InfoKey, InfoKeysLike, parse_info_keys
+from splice.layout import OBSERVATION, as_key_tuple
+from splice.policies import as_policy
 
 __all__ = ["CollectorSettings", "positive_int", "require_int"]
 
@@ -64,6 +70,30 @@ class CollectorSettings:
     trajs_per_batch: int | None
     traj_format: TrajFormat
     drop_incomplete: bool
+    info_keys: tuple[InfoKey, ...] = ()
+    exclude_keys: tuple[tuple[str, ...], ...] = ()
+
+    def check_non_tensor(self, keys: list[tuple[str, ...]]) -> None:
+        """Refuse, up front, the options that cannot carry the env's non-tensor entries yet
+        (``keys``, e.g. MiniGrid's ``("observation", "mission")``): ``split_trajs`` and
+        ``trajs_per_batch`` (the trajectory ops hold tensors only).
+
+        Raises:
+            ValueError: naming the keys and the option, suggesting ``exclude_keys``.
+        """
+        option = (
+            "split_trajs"
+            if self.split_trajs
+            else "trajs_per_batch"
+            if self.trajs_per_batch is not None
+            else None
+        )
+        if keys and option:
+            raise ValueError(
+                f"the env's observation has non-tensor entries {keys} (text or another space "
+                f"without a tensor form), which {option} cannot carry yet; leave them out with "
+                f"exclude_keys={keys}"
+            )
 
     @classmethod
     def check(
@@ -81,17 +111,22 @@ class CollectorSettings:
         drop_incomplete: bool = False,
         replay_buffer: Any = None,
         policy: Any = None,
+        info_keys: InfoKeysLike | None = None,
+        exclude_keys: Sequence[NestedKey] | None = None,
         seed: int | None = None,
     ) -> CollectorSettings:
         """Check the arguments (``replay_buffer``, ``policy`` and ``seed`` too, which are not
         kept) and normalize them: ``total_frames=None`` becomes ``-1`` (no limit),
-        ``init_random_frames=None`` becomes 0 and ``traj_format=None`` becomes ``"padded"``.
+        ``init_random_frames=None`` becomes 0, ``traj_format=None`` becomes ``"padded"``,
+        ``info_keys`` a tuple of :class:`~splice.envs.infos.InfoKey` and ``exclude_keys`` a
+        tuple of key tuples.
 
         Raises:
             ValueError: a bad value, or arguments that cannot be combined (the message names
                 them).
             TypeError: a count that is not an int (a bool included), a ``replay_buffer``
-                without ``extend``, or a ``policy`` that is not callable.
+                without ``extend``, a ``policy`` that :func:`~splice.policies.as_policy` does
+                not accept, or malformed ``info_keys``/``exclude_keys``.
         """
         frames_per_batch = positive_int("frames_per_batch", frames_per_batch)
         total = -1 if total_frames is None else require_int("total_frames", total_frames)
@@ -136,10 +171,7 @@ class CollectorSettings:
                 "replay_buffer must have an extend(batch) method; "
                 f"got {type(replay_buffer).__name__}"
             )
-        if policy is not None and not callable(policy):
-            raise TypeError(
-                f"policy must be a callable td -> td or None, got {type(policy).__name__}"
-            )
+        as_policy(policy)  # raises the TypeError that lists what is accepted
         return cls(
             frames_per_batch=frames_per_batch,
             total_frames=total,
@@ -151,4 +183,28 @@ class CollectorSettings:
             trajs_per_batch=trajs_per_batch,
             traj_format=traj_format or "padded",
             drop_incomplete=drop_incomplete,
+            info_keys=tuple(parse_info_keys(info_keys)),
+            exclude_keys=_exclude_keys(exclude_keys),
         )
+
+
+def _exclude_keys(keys: Sequence[NestedKey] | None) -> tuple[tuple[str, ...], ...]:
+    if keys is None:
+        return ()
+    if isinstance(keys, str | tuple):
+        raise TypeError(
+            f"exclude_keys must be a list of keys, got {keys!r}; e.g. "
+            "exclude_keys=[('observation', 'mission')]"
+        )
+    out = []
+    for key in keys:
+        if not isinstance(key, str | tuple):
+            raise TypeError(f"exclude_keys entries must be str or tuples of str, got {key!r}")
+        full = as_key_tuple(key)
+        if full[0] != OBSERVATION:
+            raise ValueError(
+                f"exclude_keys entry {key!r} is not an observation key: observation keys start "
+                f"with {OBSERVATION!r}, e.g. ('observation', 'mission')"
+            )
+        out.append(full)
+    return tuple(out)

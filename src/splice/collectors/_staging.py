@@ -29,7 +29,9 @@ import numpy as np
 import torch
 from tensordict import TensorDict
 
+from splice._non_tensor import to_non_tensor
 from splice.envs import EnvAdapter, StepTargets
+from splice.envs.spaces import OBJECT, Leaf
 from splice.layout import ACTION, IS_INIT, NEXT, OBSERVATION, REWARD, TERMINATED, TRUNCATED
 
 __all__ = ["Staging"]
@@ -53,7 +55,8 @@ class Staging:
         holes: int ``[B]``: dead columns of each row in the carried block ``[0, used)`` at the
             start of a batch (so row ``b`` is full at column ``T + holes[b]`` barring new
             dead steps).
-        version: bumped when the arrays are reallocated (views taken before are stale).
+        version: bumped when the arrays are reallocated or keys are added (views and
+            step targets taken before are stale).
     """
 
     def __init__(self, num_envs: int, batched: bool, steps: int) -> None:
@@ -69,22 +72,45 @@ class Staging:
         #: The observation keys (``("observation", ...)`` leaves) and their ``("next", ...)``.
         self.obs_keys: list[Key] = []
         self.next_obs_keys: list[Key] = []
+        #: The info keys (:attr:`EnvAdapter.info_leaves`) and their ``("next", ...)``.
+        self.info_keys: list[Key] = []
+        self.next_info_keys: list[Key] = []
 
     @classmethod
     def for_env(cls, adapter: EnvAdapter, steps: int) -> Staging:
         """Staging for an env adapter's steps: observation leaves (entering and next), reward,
-        terminated, truncated, ``is_init`` and the action (policy outputs are added later)."""
+        terminated, truncated, ``is_init`` and the action (info leaves and policy outputs are
+        added once known: :meth:`add_info`, :meth:`add`)."""
         staging = cls(adapter.num_envs, adapter.batched, steps)
         staging.obs_keys = [(OBSERVATION, *leaf.key) for leaf in adapter.obs_leaves]
         staging.next_obs_keys = [(NEXT, *key) for key in staging.obs_keys]
         for keys in (staging.obs_keys, staging.next_obs_keys):
             for key, leaf in zip(keys, adapter.obs_leaves, strict=True):
                 staging.add(key, leaf.shape, leaf.dtype)
+        staging.add_info(adapter.info_leaves)
         staging.add(REWARD, (), np.dtype(np.float32))
         for key in (TERMINATED, TRUNCATED, (IS_INIT,)):
             staging.add(key, (), np.dtype(np.bool_))
         staging.add((ACTION,), adapter.act_leaf.shape, adapter.act_leaf.dtype)
         return staging
+
+    @property
+    def input_keys(self) -> list[Key]:
+        """The keys of the values entering a step (the policy's input, in the order of
+        :attr:`EnvAdapter.obs`): observation keys, then info keys."""
+        return self.obs_keys + self.info_keys
+
+    def add_info(self, leaves: list[Leaf]) -> None:
+        """Allocate the info leaves (entering and next) not allocated yet; bumps
+        :attr:`version` if any is new (the adapter must be re-bound to :meth:`step_targets`)."""
+        new = [leaf for leaf in leaves if leaf.key not in self.info_keys]
+        for leaf in new:
+            self.add(leaf.key, leaf.shape, leaf.dtype)
+            self.add((NEXT, *leaf.key), leaf.shape, leaf.dtype)
+            self.info_keys.append(leaf.key)
+            self.next_info_keys.append((NEXT, *leaf.key))
+        if new:
+            self.version += 1
 
     # ---------------------------------------------------------------- arrays
     def add(self, key: Key, shape: tuple[int, ...], dtype: np.dtype[Any]) -> None:
@@ -117,6 +143,7 @@ class Staging:
             reward=self.column(REWARD),
             terminated=self.column(TERMINATED),
             truncated=self.column(TRUNCATED),
+            next_info=[self.column(k) for k in self.next_info_keys],
         )
 
     def zero_from(self, keys: list[Key], start: int) -> None:
@@ -150,10 +177,15 @@ class Staging:
 
     def to_tensordict(self, columns: dict[Key, np.ndarray], flags: tuple[Key, ...]) -> TensorDict:
         """The ``[B, T]`` (``[T]`` for a single env) batch of ``[B, T, ...]`` columns, without
-        copies; the ``flags`` keys get a trailing ``[1]`` dim (the data contract's flags)."""
-        entries: dict[Key, torch.Tensor] = {}
+        copies; the ``flags`` keys get a trailing ``[1]`` dim (the data contract's flags);
+        object columns become non-tensor entries (:func:`splice._non_tensor.to_non_tensor`)."""
+        entries: dict[Key, Any] = {}
         for key, value in columns.items():
-            tensor = torch.from_numpy(value if self.batched else value[0])
+            value = value if self.batched else value[0]
+            if value.dtype == OBJECT:
+                entries[key] = to_non_tensor(value)
+                continue
+            tensor = torch.from_numpy(value)
             entries[key] = tensor.unsqueeze(-1) if key in flags else tensor
         size = [self.num_envs, self.steps] if self.batched else [self.steps]
         return TensorDict(entries, batch_size=size)

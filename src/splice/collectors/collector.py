@@ -3,18 +3,22 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import torch
-from tensordict import TensorDict, TensorDictBase
+from tensordict import TensorDict
+from tensordict.utils import NestedKey
 
 from splice.collectors._base import CollectorBase
 from splice.collectors._settings import CollectorSettings, TrajFormat
 from splice.collectors.ids import TrajectoryIds
 from splice.collectors.rollout import RolloutLoop
 from splice.envs import EnvLike, make_adapter
+from splice.envs.infos import InfoKeysLike
+from splice.layout import OBSERVATION
+from splice.policies import ModulePolicy
 
 __all__ = ["Collector"]
 
@@ -48,8 +52,11 @@ class Collector(CollectorBase):
         env: a ``gymnasium.Env``; a ``gymnasium.vector.VectorEnv`` (``SyncVectorEnv``,
             ``AsyncVectorEnv``, a vector entry point, envpool...) in any autoreset mode; a
             zero-argument callable returning either; or an env id string (see ``num_envs``).
-        policy: a TensorDict policy (:mod:`splice.policies`), or ``None`` for uniform random
-            actions from the action space.
+        policy: a ``TensorDictModule``, a function or module ``td -> td``, a plain
+            ``nn.Module`` (or callable) mapping the observation tensor to the action, a
+            :func:`~splice.policies.as_policy` wrapper (Q-values, logits, several inputs,
+            recurrent modules), or ``None`` for uniform random actions from the action space.
+            See :mod:`splice.policies`.
         frames_per_batch: frames per batch (rounded up to a multiple of ``B``).
         total_frames: the frame budget; ``-1`` or ``None`` collects forever.
         num_envs: with an env id: ``None`` for one ``gymnasium.make`` env, an int for
@@ -87,6 +94,15 @@ class Collector(CollectorBase):
             (``pip install 'splice[progress]'``).
         track_episodes: record every finished episode in :attr:`episode_log` (implied by
             ``progress``).
+        info_keys: ``info`` entries to store, and to show the policy: a list of keys (``str``,
+            or a tuple for a nested info dict) that every info carries, or a mapping key ->
+            gymnasium space for entries only some infos carry (zero elsewhere; e.g.
+            ``{"episode": splice.envs.EPISODE_STATISTICS}`` for
+            ``RecordEpisodeStatistics``). Step ``t`` holds the info that came with its
+            observation at ``key`` and the info its step returned at ``("next", key)`` (the
+            final step's at an episode's end). See :mod:`splice.envs.infos`.
+        exclude_keys: observation keys to leave out of the data and the policy input, e.g.
+            ``[("observation", "mission")]`` for MiniGrid's text mission.
 
     Raises:
         ValueError: invalid arguments (the message names the argument); nothing is created.
@@ -121,7 +137,7 @@ class Collector(CollectorBase):
     def __init__(
         self,
         env: EnvLike,
-        policy: Callable[[TensorDictBase], TensorDictBase] | None = None,
+        policy: Any = None,
         *,
         frames_per_batch: int,
         total_frames: int | None = -1,
@@ -142,6 +158,8 @@ class Collector(CollectorBase):
         worker_id: int | None = None,
         progress: bool = False,
         track_episodes: bool = False,
+        info_keys: InfoKeysLike | None = None,
+        exclude_keys: Sequence[NestedKey] | None = None,
     ) -> None:
         settings = CollectorSettings.check(  # everything, before anything is created
             frames_per_batch=frames_per_batch,
@@ -156,6 +174,8 @@ class Collector(CollectorBase):
             drop_incomplete=drop_incomplete,
             replay_buffer=replay_buffer,
             policy=policy,
+            info_keys=info_keys,
+            exclude_keys=exclude_keys,
             seed=seed,
         )
         self.adapter = make_adapter(env, num_envs=num_envs, env_kwargs=env_kwargs)
@@ -174,13 +194,18 @@ class Collector(CollectorBase):
                 device=device,
                 storing_device=storing_device,
                 track_episodes=progress or track_episodes,
+                info_keys=settings.info_keys,
+                exclude_keys=settings.exclude_keys,
+            )
+            settings.check_non_tensor(
+                [(OBSERVATION, *leaf.key) for leaf in self.adapter.obs_leaves if not leaf.is_tensor]
             )
         except BaseException:
             self.adapter.close()
             raise
         super().__init__(
             settings,
-            policy=policy,
+            policy=policy.module if isinstance(policy, ModulePolicy) else policy,
             replay_buffer=replay_buffer,
             frames_per_batch=b * steps,
             progress=progress,

@@ -16,11 +16,13 @@ tensors, so a yielded batch is never overwritten. The reasons are in ``docs/desi
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch
-from tensordict import TensorDict, TensorDictBase
+from tensordict import TensorDict
+from tensordict.utils import NestedKey
 
 from splice.collectors._episodes import EpisodeStats, EpisodeTracker, TimeLimit
 from splice.collectors._policy_step import PolicyStep
@@ -28,6 +30,7 @@ from splice.collectors._settings import positive_int
 from splice.collectors._staging import Staging
 from splice.collectors.ids import TrajectoryIds
 from splice.envs import EnvAdapter
+from splice.envs.infos import InfoKeysLike
 from splice.layout import (
     ACTION,
     CUT,
@@ -37,7 +40,9 @@ from splice.layout import (
     TERMINATED,
     TRAJ_IDS,
     TRUNCATED,
+    as_key_tuple,
 )
+from splice.policies import as_policy
 
 __all__ = ["EpisodeStats", "RolloutLoop"]
 
@@ -50,8 +55,9 @@ class RolloutLoop:
 
     Args:
         adapter: the env adapter (:func:`splice.envs.make_adapter`).
-        policy: a TensorDict policy, or ``None`` for uniform random actions from the action
-            space (sampled in numpy, no TensorDict involved).
+        policy: anything :func:`splice.policies.as_policy` accepts (it is applied here), or
+            ``None`` for uniform random actions from the action space (sampled in numpy, no
+            TensorDict involved).
         steps: ``T``, the time steps of every batch.
         ids: where trajectory ids come from.
         max_frames_per_traj: truncate episodes at this many steps (``truncated=True``, the env
@@ -62,10 +68,15 @@ class RolloutLoop:
         device: where the policy runs (``None``: CPU).
         storing_device: where batches are returned (``None``: CPU).
         track_episodes: compute :attr:`episodes` (returns and lengths) for every batch.
+        info_keys: the ``info`` entries to store (and show the policy), see
+            :mod:`splice.envs.infos`.
+        exclude_keys: observation keys to leave out of the data and the policy input.
 
     Raises:
         ValueError: ``steps < 1``, a bad ``max_frames_per_traj``, or ``max_frames_per_traj``
-            with an env that cannot reset a subset of its envs.
+            with an env that cannot reset a subset of its envs; a bad ``exclude_keys`` or
+            ``info_keys`` entry.
+        TypeError: a ``policy`` :func:`~splice.policies.as_policy` does not accept.
 
     Examples:
         >>> import gymnasium as gym
@@ -84,7 +95,7 @@ class RolloutLoop:
     def __init__(
         self,
         adapter: EnvAdapter,
-        policy: Callable[[TensorDictBase], TensorDictBase] | None,
+        policy: Any,
         *,
         steps: int,
         ids: TrajectoryIds,
@@ -94,8 +105,14 @@ class RolloutLoop:
         device: torch.device | str | None = None,
         storing_device: torch.device | str | None = None,
         track_episodes: bool = False,
+        info_keys: InfoKeysLike | None = None,
+        exclude_keys: Sequence[NestedKey] | None = None,
     ) -> None:
         positive_int("steps", steps)
+        self._policy = as_policy(policy)
+        adapter.select(
+            exclude_keys=[as_key_tuple(k) for k in exclude_keys or []], info_keys=info_keys
+        )
         self.adapter = adapter
         self.steps = steps
         self.ids = ids
@@ -108,18 +125,9 @@ class RolloutLoop:
         self._tracker = EpisodeTracker(adapter.num_envs)
         self._seed = seed
         self.staging = Staging.for_env(adapter, steps)
-        self.policy_step = (
-            None
-            if policy is None
-            else PolicyStep(
-                policy,
-                adapter.obs_leaves,
-                adapter.act_leaf,
-                num_envs=adapter.num_envs,
-                batched=adapter.batched,
-                device=device,
-            )
-        )
+        self._device = device
+        #: Runs the policy; made at the first reset, once the info leaves are known.
+        self.policy_step: PolicyStep | None = None
         self._bound_version = -1  # the staging version the adapter writes into
         b = adapter.num_envs
         self._no_init = np.zeros(b, np.bool_)
@@ -153,9 +161,20 @@ class RolloutLoop:
             self.policy_step.reset_state()
 
     def _start(self) -> None:
-        self.adapter.reset(self._seed)
-        self.adapter.seed_actions(self._seed)
+        adapter = self.adapter
+        adapter.reset(self._seed)
+        adapter.seed_actions(self._seed)
         self._seed = None  # only the very first reset is seeded; later ones continue the RNG
+        self.staging.add_info(adapter.info_leaves)  # known from the first reset on
+        if self._policy is not None and self.policy_step is None:
+            self.policy_step = PolicyStep(
+                self._policy,
+                adapter.input_leaves,
+                adapter.act_leaf,
+                num_envs=adapter.num_envs,
+                batched=adapter.batched,
+                device=self._device,
+            )
         self.staging.clear()
         self._init_now = self._all_init
         self._row_ids[:] = -1
@@ -241,7 +260,7 @@ class RolloutLoop:
         (no per-step TensorDict, no per-env Python objects); everything per batch happens in
         :meth:`_finalize`. Returns the next column."""
         adapter, staging, policy_step = self.adapter, self.staging, self.policy_step
-        obs_cols = [staging.column(k) for k in staging.obs_keys]
+        obs_cols = [staging.column(k) for k in staging.input_keys]
         obs_col0 = obs_cols[0]
         single_obs = len(obs_cols) == 1
         init_col = staging.arrays[(IS_INIT,)]  # [C, B] even for one env: init masks are [B]

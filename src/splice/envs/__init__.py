@@ -17,8 +17,9 @@ from typing import Any
 import gymnasium as gym
 from gymnasium.vector import AsyncVectorEnv, AutoresetMode, VectorEnv
 
-from splice.envs._workers import EnvWorkerError, WorkerWatch
-from splice.envs.base import EnvAdapter, EnvError, StepTargets
+from splice.envs._workers import WorkerWatch
+from splice.envs.base import EnvAdapter, StepTargets
+from splice.envs.errors import EnvError, EnvWorkerError
 from splice.envs.gym_env import GymEnvAdapter
 from splice.envs.gym_vector import (
     DisabledVectorAdapter,
@@ -26,15 +27,19 @@ from splice.envs.gym_vector import (
     NextStepVectorAdapter,
     SameStepVectorAdapter,
     autoreset_mode_of,
+    refuse_async,
 )
+from splice.envs.infos import EPISODE_STATISTICS, InfoKey
 
 __all__ = [
+    "EPISODE_STATISTICS",
     "EnvAdapter",
     "EnvError",
     "EnvLike",
     "EnvWorkerError",
     "GymEnvAdapter",
     "GymVectorAdapter",
+    "InfoKey",
     "StepTargets",
     "WorkerWatch",
     "make_adapter",
@@ -65,7 +70,8 @@ def make_adapter(
     Raises:
         TypeError: ``env`` is none of the above, ``num_envs``/``env_kwargs`` are given with
             an env object, or ``num_envs`` is not an int (a bool included).
-        ValueError: a vector env with an unknown autoreset mode, or a non-positive ``num_envs``.
+        ValueError: a vector env with an unknown autoreset mode, a non-positive ``num_envs``,
+            or an envpool env in async mode (``batch_size < num_envs``).
 
     Examples:
         >>> import gymnasium as gym
@@ -92,6 +98,7 @@ def make_adapter(
             "num_envs and env_kwargs only apply to an env id string; got them with "
             f"{type(env).__name__}"
         )
+    refuse_async(env)
     if isinstance(env, VectorEnv):
         if isinstance(env.unwrapped, AsyncVectorEnv) and not isinstance(env, WorkerWatch):
             env = WorkerWatch(env)  # a dead worker: a clear error, the others ended

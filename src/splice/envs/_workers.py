@@ -25,7 +25,9 @@ from typing import Any, TypeVar
 
 from gymnasium.vector import AsyncVectorEnv, VectorEnv, VectorWrapper
 
-__all__ = ["EnvWorkerError", "WorkerWatch"]
+from splice.envs.errors import EnvWorkerError
+
+__all__ = ["WorkerWatch"]
 
 #: Pipe errors that mean "the process at the other end is gone".
 _PIPE_ERRORS = (EOFError, BrokenPipeError, ConnectionResetError)
@@ -36,22 +38,6 @@ _DEATH_GRACE = 2.0
 _END_TIMEOUT = 5.0
 
 T = TypeVar("T")
-
-
-class EnvWorkerError(RuntimeError):
-    """A worker process of a vector env died; the env was closed and its other workers ended.
-
-    Attributes:
-        worker: the index of the (first) dead worker.
-        pid: its process id.
-        exitcode: its exit code (negative: the signal that ended it).
-    """
-
-    def __init__(self, message: str, *, worker: int, pid: int | None, exitcode: int | None):
-        super().__init__(message)
-        self.worker = worker
-        self.pid = pid
-        self.exitcode = exitcode
 
 
 class WorkerWatch(VectorWrapper):
