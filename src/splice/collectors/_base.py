@@ -11,8 +11,12 @@ in this process; the multi-process and Ray collectors from their workers.
 
 from __future__ import annotations
 
+import atexit
 import math
+import sys
 import threading
+import traceback
+import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -24,9 +28,13 @@ from tensordict import TensorDict, TensorDictBase
 from splice.collectors._progress import ProgressBar, require_tqdm
 from splice.collectors._settings import CollectorSettings
 from splice.collectors.background import BackgroundRunner
+from splice.layout import MASK, TRAJ_IDS
 from splice.trajectories import TrajectoryAssembler, split_trajectories
 
 __all__ = ["CollectorBase"]
+
+#: How long interpreter exit waits for a background collection to finish its current batch.
+EXIT_TIMEOUT = 30.0
 
 
 class CollectorBase(ABC):
@@ -44,6 +52,13 @@ class CollectorBase(ABC):
     Subclasses implement :meth:`_collect_one`, :meth:`_reset_envs`, :meth:`_restart`,
     :meth:`_close`, :meth:`_sync_weights`, :attr:`num_envs`, :meth:`_ids_state` and
     :meth:`_load_ids_state`.
+
+    **Frame accounting.** Every collected frame is accounted for: ``frames`` equals the frames
+    delivered (yielded, and written to ``replay_buffer`` when there is one) plus
+    :attr:`dropped_frames` plus :attr:`frames_buffered` (steps held to complete episodes for
+    ``trajs_per_batch``; 0 once the run has ended). Frames are dropped by ``drop_incomplete``
+    and when ``replay_buffer.extend`` raises (the whole output it was given; a buffer's extend
+    is expected to be all or nothing); :attr:`dropped_trajs` counts their trajectories.
     """
 
     def __init__(
@@ -75,9 +90,11 @@ class CollectorBase(ABC):
         self._frames = 0
         self._batches = 0
         self._finished = False
-        #: Episodes in flight dropped at the end of a run (``drop_incomplete=True``) ...
+        #: Trajectories never delivered: episodes in flight dropped at the end of a run
+        #: (``drop_incomplete=True``) and the trajectories of an output whose
+        #: ``replay_buffer.extend`` raised (fragments, for a plain batch) ...
         self.dropped_trajs = 0
-        #: ... and their frames.
+        #: ... and their frames (see "Frame accounting").
         self.dropped_frames = 0
         #: ``(frames collected, return)`` of every episode finished so far, in order; kept when
         #: ``track_episodes`` or ``progress`` is set (appended by the collecting thread).
@@ -129,6 +146,11 @@ class CollectorBase(ABC):
         """Frames collected so far (env steps written to batches)."""
         return self._frames
 
+    @property
+    def frames_buffered(self) -> int:
+        """Frames held to complete episodes (``trajs_per_batch``), not delivered yet."""
+        return 0 if self._assembler is None else self._assembler.frames_buffered
+
     def __len__(self) -> int:
         """The number of batches an iteration started now yields (see "Batch count" above):
         ``ceil(total_frames / frames_per_batch)`` for a fresh collector, fewer after some
@@ -148,12 +170,28 @@ class CollectorBase(ABC):
 
     # --------------------------------------------------------------- iteration
     def __iter__(self) -> Iterator[TensorDictBase]:
-        """Yield batches until ``total_frames`` (see the class docstring)."""
+        """Yield batches until ``total_frames`` (see the class docstring).
+
+        Raises:
+            RuntimeError: collecting in the background, background collection failed (its
+                exception is the cause), or shut down.
+        """
         if self._runner is not None and self._runner.alive:
             raise RuntimeError(
                 "the collector is collecting in the background (start()); shut it down first"
             )
+        self._raise_if_failed("iterate")
+        if self._closed:
+            raise RuntimeError("the collector is shut down")
         return self._iterate()
+
+    def _raise_if_failed(self, action: str) -> None:
+        """A collector whose background thread died does nothing more but shut down."""
+        if self._runner is not None:
+            self._runner.raise_failure(
+                f"cannot {action}: background collection failed (the cause below); shut the "
+                "collector down"
+            )
 
     def _budget_left(self) -> bool:
         return self.total_frames == -1 or self._frames < self.total_frames
@@ -178,7 +216,13 @@ class CollectorBase(ABC):
 
     def _deliver(self, out: TensorDictBase) -> TensorDictBase:
         if self.replay_buffer is not None:
-            self.replay_buffer.extend(out)
+            try:
+                self.replay_buffer.extend(out)
+            except BaseException:
+                frames, trajs = _frames_and_trajectories(out)
+                self.dropped_frames += frames
+                self.dropped_trajs += trajs
+                raise
         return out
 
     def _produce(self) -> list[TensorDictBase]:
@@ -288,6 +332,9 @@ class CollectorBase(ABC):
 
         The thread stops by itself at ``total_frames`` (with ``trajs_per_batch``, after the
         final batch) or on :meth:`shutdown`. Every collected batch is written to the buffer.
+        A collector still collecting in the background when the interpreter exits is shut down
+        then (the current batch is finished and stored; waits at most ``EXIT_TIMEOUT`` = 30 s),
+        so no thread is left running while the interpreter tears down.
 
         Raises:
             RuntimeError: no ``replay_buffer``, already started, or shut down.
@@ -316,6 +363,7 @@ class CollectorBase(ABC):
                 self._bar = None
 
         self._runner = BackgroundRunner(step, on_exit=on_exit)
+        _shut_down_at_exit(self)
         self._runner.start()
 
     @property
@@ -326,21 +374,36 @@ class CollectorBase(ABC):
     def pause(self, timeout: float | None = None) -> _Resumer:
         """Pause background collection after the current batch; returns once paused.
 
-        Also a context manager: ``with collector.pause(): ...`` resumes on exit.
+        Also a context manager: ``with collector.pause(): ...`` resumes on exit. After the
+        thread ended by itself (``total_frames``), pausing does nothing.
 
         Raises:
-            RuntimeError: not collecting in the background, or the thread failed.
+            RuntimeError: never started, shut down, or the thread failed (its exception is the
+                cause).
+            TimeoutError: not paused within ``timeout`` seconds.
         """
-        if self._runner is None:
-            raise RuntimeError("pause() applies to background collection; call start() first")
+        self._check_controllable("pause")
+        assert self._runner is not None
         self._runner.pause(timeout)
         return _Resumer(self)
 
     def resume(self) -> None:
-        """Resume background collection after :meth:`pause`."""
-        if self._runner is None:
-            raise RuntimeError("resume() applies to background collection; call start() first")
+        """Resume background collection after :meth:`pause`.
+
+        Raises:
+            RuntimeError: never started, shut down, or the thread failed (its exception is the
+                cause).
+        """
+        self._check_controllable("resume")
+        assert self._runner is not None
         self._runner.resume()
+
+    def _check_controllable(self, action: str) -> None:
+        if self._runner is None:
+            raise RuntimeError(f"{action}() applies to background collection; call start() first")
+        if self._closed:
+            raise RuntimeError(f"{action}(): the collector is shut down")
+        self._raise_if_failed(f"{action}()")
 
     def wait(self, timeout: float | None = None) -> None:
         """Block until background collection ends by itself (``total_frames``).
@@ -374,6 +437,7 @@ class CollectorBase(ABC):
                 runner.join(timeout)
         finally:
             if runner is None or not runner.alive:
+                _COLLECTING.discard(self)
                 if self._bar is not None:
                     self._bar.close()
                     self._bar = None
@@ -421,6 +485,56 @@ class CollectorBase(ABC):
         if self._assembler is not None:
             self._assembler.reset()
         self._finished = False
+
+
+def _frames_and_trajectories(out: TensorDictBase) -> tuple[int, int]:
+    """The real steps of a collector output and the trajectories they belong to: rows of a
+    padded output (mask), distinct ids otherwise."""
+    mask = out.get(MASK, None)
+    if mask is not None and out.ndim == 2:
+        return int(mask.sum()), int(mask.any(-1).sum())
+    ids = out.get(TRAJ_IDS, None)
+    if ids is None:
+        return out.batch_size.numel(), 0
+    real = ids[ids >= 0]
+    return real.numel(), int(torch.unique(real).numel())
+
+
+#: The collectors collecting in the background, shut down at interpreter exit.
+_COLLECTING: weakref.WeakSet[CollectorBase] = weakref.WeakSet()
+_exit_hook_registered = False
+
+
+def _shut_down_at_exit(collector: CollectorBase) -> None:
+    """Shut ``collector`` down at interpreter exit unless it is shut down before.
+
+    A thread still running while the interpreter finalizes can abort the process (C++
+    ``std::terminate`` in torch's thread pool: "terminate called without an active exception").
+    The hook is registered at the first ``start()``, so it runs before the exit handlers
+    registered earlier (``atexit`` runs the last registered first).
+    """
+    global _exit_hook_registered
+    if not _exit_hook_registered:
+        atexit.register(_shut_down_all)
+        _exit_hook_registered = True
+    _COLLECTING.add(collector)
+
+
+def _shut_down_all() -> None:
+    collectors = list(_COLLECTING)
+    for collector in collectors:  # stop them all first: they finish their batches in parallel
+        if collector._runner is not None:
+            collector._runner.request_stop()
+    for collector in collectors:
+        try:
+            collector.shutdown(EXIT_TIMEOUT)
+        except Exception:  # report, and go on shutting the others down
+            print(
+                f"splice: shutting down a background {type(collector).__name__} at "
+                "interpreter exit failed:",
+                file=sys.stderr,
+            )
+            traceback.print_exc()
 
 
 class _Resumer:

@@ -3,7 +3,8 @@
 :class:`CollectorSettings` validates (and normalizes) the arguments of
 :class:`~splice.Collector` that shape the data and the run; the multi-process and Ray
 collectors take the same arguments and check them with the same code. Each error names the
-argument.
+argument: a ``TypeError`` for a value that is not an integer where a count is meant (a bool
+included: ``True`` is not a count), a ``ValueError`` for an integer out of range.
 
 Examples:
     >>> settings = CollectorSettings.check(frames_per_batch=100, total_frames=None)
@@ -13,30 +14,45 @@ Examples:
     Traceback (most recent call last):
     ...
     ValueError: frames_per_batch must be a positive int, got 0
+    >>> CollectorSettings.check(frames_per_batch=True)
+    Traceback (most recent call last):
+    ...
+    TypeError: frames_per_batch must be an int, got bool True
 """
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import numpy as np
 from tensordict.utils import NestedKey
 
 from splice.envs.infos import InfoKey, InfoKeysLike, parse_info_keys
 from splice.layout import OBSERVATION, as_key_tuple
 from splice.policies import as_policy
 
-__all__ = ["CollectorSettings", "positive_int"]
+__all__ = ["CollectorSettings", "positive_int", "require_int"]
 
 TrajFormat = Literal["padded", "cat"]
 
 
+def require_int(name: str, value: Any) -> int:
+    """``value`` as an ``int`` if it is an integer (numpy integers too), else a ``TypeError``
+    naming ``name``; bools are refused (``True`` is not a count)."""
+    if isinstance(value, bool | np.bool_) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+    return int(value)
+
+
 def positive_int(name: str, value: Any) -> int:
-    """``value`` if it is an int ``>= 1`` (not a bool), else a ``ValueError`` naming ``name``."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    """``value`` if it is an int ``>= 1``: ``TypeError`` for a non-integer or a bool,
+    ``ValueError`` for an integer below 1 (each naming ``name``)."""
+    if require_int(name, value) < 1:
         raise ValueError(f"{name} must be a positive int, got {value!r}")
-    return value
+    return int(value)
 
 
 @dataclass(frozen=True)
@@ -97,9 +113,10 @@ class CollectorSettings:
         policy: Any = None,
         info_keys: InfoKeysLike | None = None,
         exclude_keys: Sequence[NestedKey] | None = None,
+        seed: int | None = None,
     ) -> CollectorSettings:
-        """Check the arguments (``replay_buffer`` and ``policy`` too, which are not kept) and
-        normalize them: ``total_frames=None`` becomes ``-1`` (no limit),
+        """Check the arguments (``replay_buffer``, ``policy`` and ``seed`` too, which are not
+        kept) and normalize them: ``total_frames=None`` becomes ``-1`` (no limit),
         ``init_random_frames=None`` becomes 0, ``traj_format=None`` becomes ``"padded"``,
         ``info_keys`` a tuple of :class:`~splice.envs.infos.InfoKey` and ``exclude_keys`` a
         tuple of key tuples.
@@ -107,29 +124,31 @@ class CollectorSettings:
         Raises:
             ValueError: a bad value, or arguments that cannot be combined (the message names
                 them).
-            TypeError: a ``replay_buffer`` without ``extend``, a ``policy`` that
-                :func:`~splice.policies.as_policy` does not accept, or malformed
-                ``info_keys``/``exclude_keys``.
+            TypeError: a count that is not an int (a bool included), a ``replay_buffer``
+                without ``extend``, a ``policy`` that :func:`~splice.policies.as_policy` does
+                not accept, or malformed ``info_keys``/``exclude_keys``.
         """
-        positive_int("frames_per_batch", frames_per_batch)
-        total = -1 if total_frames is None else total_frames
-        if isinstance(total, bool) or not isinstance(total, int) or (total < 1 and total != -1):
+        frames_per_batch = positive_int("frames_per_batch", frames_per_batch)
+        total = -1 if total_frames is None else require_int("total_frames", total_frames)
+        if total < 1 and total != -1:
             raise ValueError(
                 f"total_frames must be a positive int, or -1/None for no limit; got {total!r}"
             )
         if max_frames_per_traj is not None:
-            positive_int("max_frames_per_traj", max_frames_per_traj)
-        random_frames = 0 if init_random_frames is None else init_random_frames
-        if (
-            isinstance(random_frames, bool)
-            or not isinstance(random_frames, int)
-            or random_frames < 0
-        ):
+            max_frames_per_traj = positive_int("max_frames_per_traj", max_frames_per_traj)
+        random_frames = (
+            0
+            if init_random_frames is None
+            else require_int("init_random_frames", init_random_frames)
+        )
+        if random_frames < 0:
             raise ValueError(
                 f"init_random_frames must be a non-negative int or None, got {init_random_frames!r}"
             )
+        if seed is not None and require_int("seed", seed) < 0:
+            raise ValueError(f"seed must be a non-negative int or None, got {seed!r}")
         if trajs_per_batch is not None:
-            positive_int("trajs_per_batch", trajs_per_batch)
+            trajs_per_batch = positive_int("trajs_per_batch", trajs_per_batch)
             if split_trajs:
                 raise ValueError(
                     "split_trajs and trajs_per_batch are exclusive: trajs_per_batch already "

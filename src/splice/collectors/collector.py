@@ -41,6 +41,13 @@ class Collector(CollectorBase):
     With ``trajs_per_batch`` the number of yields depends on episode lengths, so ``len()``
     raises ``TypeError`` (as it does for an endless collector); ``list(collector)`` works.
 
+    **Frame accounting.** Every collected frame is accounted for:
+    ``frames == stored + dropped_frames + frames_buffered``, where *stored* counts the frames
+    delivered (yielded, and written to ``replay_buffer``) and :attr:`frames_buffered` the steps
+    held to complete episodes (``trajs_per_batch``; 0 once the run has ended). Frames are
+    dropped by ``drop_incomplete`` and when ``replay_buffer.extend`` raises (the whole output
+    it was given); :attr:`dropped_trajs` counts their trajectories.
+
     Args:
         env: a ``gymnasium.Env``; a ``gymnasium.vector.VectorEnv`` (``SyncVectorEnv``,
             ``AsyncVectorEnv``, a vector entry point, envpool...) in any autoreset mode; a
@@ -99,7 +106,8 @@ class Collector(CollectorBase):
 
     Raises:
         ValueError: invalid arguments (the message names the argument); nothing is created.
-        TypeError: an ``env`` or ``replay_buffer`` of the wrong kind.
+        TypeError: an ``env`` or ``replay_buffer`` of the wrong kind, or a count (frames,
+            ``seed``, ``worker_id``, ``num_envs``...) that is not an int; a bool is refused.
         ImportError: ``progress=True`` without tqdm.
 
     Examples:
@@ -168,11 +176,12 @@ class Collector(CollectorBase):
             policy=policy,
             info_keys=info_keys,
             exclude_keys=exclude_keys,
+            seed=seed,
         )
         self.adapter = make_adapter(env, num_envs=num_envs, env_kwargs=env_kwargs)
         try:
             b = self.adapter.num_envs
-            steps = math.ceil(frames_per_batch / b)
+            steps = math.ceil(settings.frames_per_batch / b)
             self.ids = TrajectoryIds(worker_id)
             self._loop = RolloutLoop(
                 self.adapter,
@@ -181,7 +190,7 @@ class Collector(CollectorBase):
                 ids=self.ids,
                 max_frames_per_traj=max_frames_per_traj,
                 set_truncated=set_truncated,
-                seed=seed,
+                seed=None if seed is None else int(seed),
                 device=device,
                 storing_device=storing_device,
                 track_episodes=progress or track_episodes,

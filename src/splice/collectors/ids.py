@@ -69,6 +69,7 @@ class TrajectoryIds:
         start: the first counter value (used when restoring a state dict).
 
     Raises:
+        TypeError: a ``worker_id`` that is not an int (a bool included).
         ValueError: a ``worker_id`` out of range, or the space is exhausted.
 
     Examples:
@@ -79,10 +80,12 @@ class TrajectoryIds:
 
     def __init__(self, worker_id: int | None = None, *, start: int = 0) -> None:
         if worker_id is not None and (
-            isinstance(worker_id, bool)
-            or not isinstance(worker_id, int | np.integer)
-            or not 0 <= worker_id <= MAX_WORKER_ID
+            isinstance(worker_id, bool | np.bool_) or not isinstance(worker_id, int | np.integer)
         ):
+            raise TypeError(
+                f"worker_id must be an int or None, got {type(worker_id).__name__} {worker_id!r}"
+            )
+        if worker_id is not None and not 0 <= worker_id <= MAX_WORKER_ID:
             raise ValueError(
                 f"worker_id must be an int in [0, {MAX_WORKER_ID}] or None, got {worker_id!r}"
             )

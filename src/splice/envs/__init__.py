@@ -15,10 +15,11 @@ from collections.abc import Callable
 from typing import Any
 
 import gymnasium as gym
-from gymnasium.vector import AutoresetMode, VectorEnv
+from gymnasium.vector import AsyncVectorEnv, AutoresetMode, VectorEnv
 
+from splice.envs._workers import WorkerWatch
 from splice.envs.base import EnvAdapter, StepTargets
-from splice.envs.errors import EnvError
+from splice.envs.errors import EnvError, EnvWorkerError
 from splice.envs.gym_env import GymEnvAdapter
 from splice.envs.gym_vector import (
     DisabledVectorAdapter,
@@ -35,10 +36,12 @@ __all__ = [
     "EnvAdapter",
     "EnvError",
     "EnvLike",
+    "EnvWorkerError",
     "GymEnvAdapter",
     "GymVectorAdapter",
     "InfoKey",
     "StepTargets",
+    "WorkerWatch",
     "make_adapter",
 ]
 
@@ -53,6 +56,10 @@ def make_adapter(
 ) -> EnvAdapter:
     """Wrap ``env`` in the adapter that fits it.
 
+    An ``AsyncVectorEnv`` is wrapped in :class:`WorkerWatch`: if one of its worker processes
+    dies, the collector gets an :class:`EnvWorkerError` naming it, and the env is closed with
+    its other workers ended.
+
     Args:
         env: a ``gymnasium.Env``; a ``gymnasium.vector.VectorEnv`` (any autoreset mode); a
             zero-argument callable returning either; or an env id string.
@@ -61,8 +68,8 @@ def make_adapter(
         env_kwargs: keyword arguments for ``gymnasium.make``/``make_vec`` (env id only).
 
     Raises:
-        TypeError: ``env`` is none of the above, or ``num_envs``/``env_kwargs`` are given with
-            an env object.
+        TypeError: ``env`` is none of the above, ``num_envs``/``env_kwargs`` are given with
+            an env object, or ``num_envs`` is not an int (a bool included).
         ValueError: a vector env with an unknown autoreset mode, a non-positive ``num_envs``,
             or an envpool env in async mode (``batch_size < num_envs``).
 
@@ -81,7 +88,9 @@ def make_adapter(
         kwargs = dict(env_kwargs or {})
         if num_envs is None:
             return make_adapter(gym.make(env, **kwargs))
-        if isinstance(num_envs, bool) or not isinstance(num_envs, int) or num_envs < 1:
+        if isinstance(num_envs, bool) or not isinstance(num_envs, int):
+            raise TypeError(f"num_envs must be an int, got {type(num_envs).__name__} {num_envs!r}")
+        if num_envs < 1:
             raise ValueError(f"num_envs must be a positive int, got {num_envs!r}")
         return make_adapter(gym.make_vec(env, num_envs=num_envs, **kwargs))
     if num_envs is not None or env_kwargs is not None:
@@ -91,6 +100,8 @@ def make_adapter(
         )
     refuse_async(env)
     if isinstance(env, VectorEnv):
+        if isinstance(env.unwrapped, AsyncVectorEnv) and not isinstance(env, WorkerWatch):
+            env = WorkerWatch(env)  # a dead worker: a clear error, the others ended
         mode = autoreset_mode_of(env)
         if mode == AutoresetMode.NEXT_STEP:
             return NextStepVectorAdapter(env)

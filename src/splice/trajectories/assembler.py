@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Literal
 
@@ -12,7 +13,16 @@ from tensordict.utils import NestedKey
 from torch import Tensor
 
 from splice._gather import take_rows
-from splice.layout import CUT, DONE, MASK, TRAJ_IDS, LayoutError, as_key_tuple
+from splice.layout import (
+    CUT,
+    DONE,
+    MASK,
+    TRAJ_IDS,
+    LayoutError,
+    as_key_tuple,
+    check_trajectory_ids,
+)
+from splice.trajectories._id_set import IdSet
 from splice.trajectories._index import index_by_id, index_by_row
 from splice.trajectories._tensordict import Key, leaves, replace_last
 from splice.trajectories.split import to_padded
@@ -93,7 +103,8 @@ class TrajectoryAssembler:
 
     # ------------------------------------------------------------------ state
     def reset(self) -> None:
-        """Drop everything buffered: complete and in-flight episodes and the key schema."""
+        """Drop everything buffered: complete and in-flight episodes, the key schema and the
+        record of completed ids."""
         self._pool: dict[Key, Tensor] | None = None  # one column per key, rows = steps
         self._device: torch.device | None = None
         self._schema: dict[Key, tuple[torch.dtype, torch.Size]] | None = None
@@ -102,6 +113,7 @@ class TrajectoryAssembler:
         self._size = 0  # pool rows in use, alive or dead
         self._n_dead = 0
         self._complete = torch.empty(0, dtype=torch.int64)  # ids, in completion order
+        self._completed = IdSet()  # every id completed so far (emitted or not)
 
     def __len__(self) -> int:
         """The number of complete episodes ready to :meth:`emit`."""
@@ -144,16 +156,20 @@ class TrajectoryAssembler:
     def ingest(self, batch: TensorDictBase) -> int:
         """Add a collector batch (``[T]`` or ``[B, T]``, time last).
 
-        Steps with a negative id, or whose mask (if the batch has one) is False, are padding
-        and are ignored. The batch is validated before anything is stored: on error the
-        assembler is left exactly as it was.
+        Steps with id ``-1``, or whose mask (if the batch has one) is False, are padding and
+        are ignored. Ids are never reused: a step for an id that already completed (in an
+        earlier batch, or earlier in this one) is refused, so is ingesting a batch twice. The
+        batch is validated before anything is stored: on error the assembler is left exactly as
+        it was.
 
         Returns:
             The number of episodes this batch completed.
 
         Raises:
-            LayoutError: no ids, no done flags, wrong shapes or dtypes, or keys that differ
-                from the batches ingested before.
+            TypeError: ``batch`` is not a TensorDict.
+            LayoutError: no ids, no done flags, wrong shapes or dtypes, ids below ``-1``, steps
+                for an id that already completed, or keys that differ from the batches
+                ingested before.
         """
         ids, ends, cut = self._read_batch(batch)
         n_env, n_time = (1, batch.shape[0]) if batch.ndim == 1 else batch.shape
@@ -175,15 +191,62 @@ class TrajectoryAssembler:
         if not bool(valid.all()):
             keep = valid.nonzero().squeeze(1)
             columns = {key: take_rows(x, keep) for key, x in columns.items()}
-            ids, cut = ids[keep], cut[keep]
+            ids, cut, ends = ids[keep], cut[keep], ends[keep]
+        self._refuse_completed_ids(ids, ends)
         self._check_schema(columns)
         if self._device is None:
             self._device = batch.device
+        if ids.numel() == 0:  # no real steps ([B, 0], all padding): nothing to store
+            return 0
         self._append(columns, ids, cut)
         self._complete = torch.cat([self._complete, done_ids])
+        self._completed.add(done_ids.numpy())
         return done_ids.numel()
 
+    def _refuse_completed_ids(self, ids: Tensor, ends: Tensor) -> None:
+        """Refuse steps for an id that completed before (in an earlier batch, or at an earlier
+        step of this one). ``ids``/``ends``: the real steps, flat (env-major)."""
+        if ids.numel() == 0:
+            return
+        # numpy, not torch: each torch call costs microseconds even on a few hundred ids.
+        v, e = ids.numpy(), ends.numpy()
+        same_as_next = v[1:] == v[:-1]
+        after_end = e[:-1] & same_as_next  # the step after an end has the same id
+        if after_end.any():
+            self._raise_after_end(v[:-1][after_end])
+        # One entry per run of equal ids: a collector batch has one run per env row and episode.
+        run_first = np.flatnonzero(np.concatenate([[True], ~same_as_next]))
+        run_ids = v[run_first]
+        if self._completed.intersects(run_ids):
+            seen = self._completed.contains(run_ids)
+            raise LayoutError(
+                f"key {self.trajectory_key!r}: steps for trajectory id(s) "
+                f"{_preview(np.unique(run_ids[seen]))} that already completed in an earlier "
+                "batch (ids are never reused; was a batch ingested twice?)"
+            )
+        if len(set(run_ids.tolist())) == run_ids.size:
+            return  # every id is one run: checked above
+        # An id in several runs (ids repeating non-adjacently): no run may follow its end.
+        end_pos = np.flatnonzero(e)
+        end_ids = v[end_pos]
+        unique_end_ids, end_count = np.unique(end_ids, return_counts=True)
+        if (end_count > 1).any():
+            self._raise_after_end(unique_end_ids[end_count > 1])
+        rank = _rank_in(torch.from_numpy(run_ids), torch.from_numpy(end_ids)).numpy()
+        ends_here = rank >= 0
+        late = run_first[ends_here] > end_pos[rank[ends_here]]
+        if late.any():
+            self._raise_after_end(run_ids[ends_here][late])
+
+    def _raise_after_end(self, ids: np.ndarray) -> None:
+        raise LayoutError(
+            f"key {self.trajectory_key!r}: trajectory id(s) {_preview(np.unique(ids))} have "
+            "steps after the step that ends them (ids are never reused)"
+        )
+
     def _read_batch(self, batch: TensorDictBase) -> tuple[Tensor, Tensor, Tensor]:
+        if not isinstance(batch, TensorDictBase):
+            raise TypeError(f"ingest expects a TensorDict, got {type(batch).__name__}")
         if batch.ndim not in (1, 2):
             raise LayoutError(
                 f"ingest expects a [T] or [B, T] batch, got batch shape {list(batch.batch_size)}"
@@ -196,6 +259,7 @@ class TrajectoryAssembler:
                 f"key {self.trajectory_key!r}: expected integer ids of shape "
                 f"{list(batch.batch_size)}, got dtype {ids.dtype} and shape {list(ids.shape)}"
             )
+        check_trajectory_ids(ids, self.trajectory_key)
         ends = torch.zeros(batch.shape, dtype=torch.bool)
         found = False
         for key in (self.done_key, self.terminated_key, self.truncated_key):
@@ -224,7 +288,8 @@ class TrajectoryAssembler:
                 f"key {key!r}: expected a bool flag of shape {list(batch.batch_size)} or "
                 f"{[*batch.batch_size, 1]}, got dtype {flag.dtype} and shape {list(flag.shape)}"
             )
-        return flag.reshape(*batch.shape, -1).any(-1)
+        per_step = math.prod(flag.shape[batch.ndim :])  # not -1: a [B, 0] batch has no steps
+        return flag.reshape(*batch.shape, per_step).any(-1)
 
     def _check_schema(self, columns: dict[Key, Tensor]) -> None:
         schema = {key: (x.dtype, x.shape[1:]) for key, x in columns.items()}
@@ -464,6 +529,12 @@ def _rank_in(values: Tensor, test: Tensor) -> Tensor:
     where = np.searchsorted(t, v, sorter=order).clip(max=t.size - 1)
     found = t[order[where]] == v
     return torch.from_numpy(np.where(found, order[where], -1))
+
+
+def _preview(ids: np.ndarray, limit: int = 5) -> str:
+    """``[3, 4, 9]``, or ``[3, 4, 9, 11, 12, ...] (8 ids)`` for long lists."""
+    shown = ", ".join(str(i) for i in ids[:limit].tolist())
+    return f"[{shown}]" if ids.size <= limit else f"[{shown}, ...] ({ids.size} ids)"
 
 
 def _check_format(traj_format: str) -> None:
