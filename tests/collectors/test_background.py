@@ -316,7 +316,7 @@ rb = ReplayBuffer(storage=LazyTensorStorage(50_000), **({"sampler": sampler} if 
 c = Collector(env, frames_per_batch=400, replay_buffer=rb)
 
 def check():  # registered first, so it runs after splice's exit hook
-    print("at exit: running", c.running, "frames", c.frames, "stored", len(rb),
+    print("at exit: running", c.running, "frames", c.frames, "stored", rb.write_count,
           "env closed", env.closed, flush=True)
 
 atexit.register(check)
