@@ -6,7 +6,7 @@ Examples:
     ['Collector', 'LayoutError', 'LazyMemmapStorage']
 """
 
-from splice import layout
+from splice import layout, targets
 from splice.collectors import Collector, TrajectoryIds
 from splice.layout import LayoutError, validate_batch
 from splice.policies import RandomPolicy
@@ -39,5 +39,6 @@ __all__ = [
     "cat_trajectories",
     "layout",
     "split_trajectories",
+    "targets",
     "validate_batch",
 ]
