@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from replay_helpers import Stream, flat, padded
 from tensordict import TensorDict
 
+from splice import split_trajectories
 from splice.layout import DONE, MASK, TRAJ_IDS, LayoutError
 from splice.replay import (
     LazyMemmapStorage,
@@ -17,6 +17,7 @@ from splice.replay import (
     ReplayBuffer,
     SliceSampler,
 )
+from splice.testing import SyntheticStream
 
 
 @pytest.fixture(params=["memory", "memmap"])
@@ -36,7 +37,7 @@ def stored_g(rb: ReplayBuffer) -> list[int]:
 
 def test_bt_batches_are_stored_env_major(storage_factory) -> None:
     rb = ReplayBuffer(storage=storage_factory(100))
-    batch = Stream(3, 4.0).chunk(5)
+    batch = SyntheticStream(3, 4.0, labels=True).chunk(5)
     rows = rb.extend(batch)
     assert rows.tolist() == list(range(15))
     assert stored_g(rb) == batch["g"].reshape(-1).tolist()  # env 0's 5 steps, then env 1's ...
@@ -44,7 +45,7 @@ def test_bt_batches_are_stored_env_major(storage_factory) -> None:
 
 def test_padded_batches_drop_padding(storage_factory) -> None:
     rb = ReplayBuffer(storage=storage_factory(100))
-    batch = padded(Stream(3, 4.0).chunk(6))
+    batch = split_trajectories(SyntheticStream(3, 4.0, labels=True).chunk(6))
     assert bool((~batch[MASK]).any())
     rb.extend(batch)
     assert len(rb) == 18
@@ -62,14 +63,14 @@ def test_bad_batches_raise_and_leave_the_buffer_unchanged(storage_factory) -> No
     rb = ReplayBuffer(
         storage=storage_factory(30), sampler=SliceSampler(slice_len=2, seed=0), batch_size=4
     )
-    good = flat(Stream(2, 5.0).chunk(10))
+    good = SyntheticStream(2, 5.0, labels=True).chunk(10).reshape(-1)
     rb.extend(good)
     state = (len(rb), rb.write_count, stored_g(rb), rb.index.row_slot.copy())
     bad_batches = {
         "missing": good.exclude("t"),
         "extra": good.clone().set("new", torch.zeros(20)),
         "dtype": good.clone().set("t", torch.zeros(20, dtype=torch.int32)),
-        "shape": good.clone().set("observation", torch.zeros(20, 4)),
+        "shape": good.clone().set("observation", torch.zeros(20, 5)),
         "done shape": good.clone().set(DONE, torch.zeros(20, dtype=torch.bool)),
         "ids dtype": good.clone().set(TRAJ_IDS, torch.zeros(20, dtype=torch.int32)),
         "mask": good.reshape(2, 10).set(MASK, torch.ones(2, 10)),
@@ -128,7 +129,7 @@ def test_samplers_never_touch_the_global_rng() -> None:
     rb = ReplayBuffer(
         storage=LazyTensorStorage(100), sampler=SliceSampler(slice_len=2), batch_size=4
     )
-    rb.extend(flat(Stream(2, 5.0).chunk(20)))
+    rb.extend(SyntheticStream(2, 5.0, labels=True).chunk(20).reshape(-1))
     rb.sample()
     assert torch.equal(torch.rand(3), expected)
 
@@ -140,7 +141,7 @@ def test_same_seed_same_samples() -> None:
             sampler=SliceSampler(slice_len=3, seed=seed),
             batch_size=9,
         )
-        rb.extend(flat(Stream(2, 5.0).chunk(20)))
+        rb.extend(SyntheticStream(2, 5.0, labels=True).chunk(20).reshape(-1))
         return torch.stack([rb.sample()["g"] for _ in range(3)])
 
     assert torch.equal(run(1), run(1))

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from replay_helpers import Stream, check_slices, flat, valid_of
 
 from splice.replay import (
     LazyMemmapStorage,
@@ -24,6 +23,7 @@ from splice.replay import (
     SliceSampler,
     SliceSamplerWithoutReplacement,
 )
+from splice.testing import SyntheticStream, assert_slices_contiguous
 
 SAMPLERS = {
     "random": lambda: RandomSampler(seed=3),
@@ -47,7 +47,7 @@ def make(kind: str, storage: str, tmp: Path) -> ReplayBuffer:
 @pytest.mark.parametrize("kind", list(SAMPLERS))
 def test_dumps_loads_samples_identically(kind: str, storage: str, tmp_path: Path) -> None:
     rb = make(kind, storage, tmp_path)
-    stream = Stream(3, 9.0, seed=11)
+    stream = SyntheticStream(3, 9.0, seed=11, labels=True)
     for _ in range(6):
         rb.extend(stream.chunk(11))  # 198 steps into 150: wrapped
     for _ in range(3):
@@ -72,7 +72,7 @@ def test_dumps_loads_samples_identically(kind: str, storage: str, tmp_path: Path
 
 def test_loads_refuses_a_different_configuration(tmp_path: Path) -> None:
     rb = make("trajectory", "memory", tmp_path)
-    rb.extend(Stream(2, 5.0).chunk(5))
+    rb.extend(SyntheticStream(2, 5.0, labels=True).chunk(5))
     rb.dumps(tmp_path / "saved")
     with pytest.raises(ValueError, match="sampler"):
         make("transition", "memory", tmp_path).loads(tmp_path / "saved")
@@ -88,7 +88,7 @@ def test_memmap_reopens_where_it_was(tmp_path: Path) -> None:
         sampler=SliceSampler(slice_len=5, as_sequences=True, seed=0),
         batch_size=20,
     )
-    stream = Stream(2, 12.0, seed=5)
+    stream = SyntheticStream(2, 12.0, seed=5, labels=True)
     written: list[int] = []
     for _ in range(7):
         batch = stream.chunk(9)
@@ -102,7 +102,7 @@ def test_memmap_reopens_where_it_was(tmp_path: Path) -> None:
     )
     assert (len(again), again.write_count) == (100, 126)
     s = again.sample()
-    check_slices(s["index"], s["g"], s["episode"], s["t"], valid_of(s), live=set(written[-100:]))
+    assert_slices_contiguous(s, live=set(written[-100:]))
     with pytest.raises(ValueError, match="max_size"):
         LazyMemmapStorage(50, scratch_dir=path)
 
@@ -111,9 +111,8 @@ WRITER = textwrap.dedent(
     """
     import sys, time
     import torch
-    sys.path.insert(0, sys.argv[3])
-    from replay_helpers import Stream
     from splice.replay import LazyMemmapStorage, ReplayBuffer, SliceSampler
+    from splice.testing import SyntheticStream
 
     path, stage = sys.argv[1], sys.argv[2]
     rb = ReplayBuffer(
@@ -126,7 +125,7 @@ WRITER = textwrap.dedent(
             print("KILL ME", flush=True)
             time.sleep(60)
     rb.storage._on_stage = hook
-    stream = Stream(4, 20.0, seed=0)
+    stream = SyntheticStream(4, 20.0, seed=0, labels=True)
     while True:
         rb.extend(stream.chunk(25 if stage != "random" else 150))
         print("DONE", rb.write_count, flush=True)
@@ -147,10 +146,9 @@ def test_writer_killed_mid_extend_reopens_at_last_completed_extend(
     script = tmp_path / "writer.py"
     script.write_text(WRITER)
     path = tmp_path / "mm"
-    helpers = str(Path(__file__).parent)
     errors = (tmp_path / "stderr.txt").open("w")
     proc = subprocess.Popen(
-        [sys.executable, str(script), str(path), stage, helpers],
+        [sys.executable, str(script), str(path), stage],
         stdout=subprocess.PIPE,
         stderr=errors,
         text=True,
@@ -188,11 +186,9 @@ def test_writer_killed_mid_extend_reopens_at_last_completed_extend(
     if stage == "written":
         assert len(rb) == 1000 - 100  # the rows the interrupted extend overwrote are dropped
     s = rb.sample()
-    check_slices(s["index"], s["g"], s["episode"], s["t"], valid_of(s), live=set(g.tolist()))
+    assert_slices_contiguous(s, live=set(g.tolist()))
     # ... and the buffer keeps working.
-    stream = Stream(4, 20.0, seed=99)
-    stream.g, stream.next_id = last, 10**9
-    stream.ep += 10**9
+    stream = SyntheticStream(4, 20.0, seed=99, labels=True, first_id=10**9, first_step=last)
     before = len(rb)
     rb.extend(stream.chunk(30))
     assert len(rb) == min(1000, before + 120)
@@ -204,15 +200,18 @@ def test_concurrent_writer_and_sampler_stay_consistent() -> None:
         sampler=SliceSampler(slice_len=8, as_sequences=True, weighting="transition", seed=0),
         batch_size=8 * 16,
     )
-    stream = Stream(4, 15.0, seed=1)
+    stream = SyntheticStream(4, 15.0, seed=1, labels=True)
     rb.extend(stream.chunk(40))
     stop = threading.Event()
     errors: list[BaseException] = []
 
     def writer() -> None:
         try:
+            flat = False
             while not stop.is_set():
-                rb.extend(flat(stream.chunk(25)) if stream.g % 2 else stream.chunk(25))
+                chunk = stream.chunk(25)
+                rb.extend(chunk.reshape(-1) if flat else chunk)
+                flat = not flat
         except BaseException as err:  # pragma: no cover - reported below
             errors.append(err)
 
@@ -222,10 +221,9 @@ def test_concurrent_writer_and_sampler_stay_consistent() -> None:
         checked = 0
         while checked < 150:
             s = rb.sample()
-            g = s["g"]
             # Each step's data matches its row's index entry at sampling time: consecutive
             # steps of one episode, nothing from a half-written batch.
-            check_slices(s["index"], g, s["episode"], s["t"], valid_of(s))
+            assert_slices_contiguous(s)
             checked += 1
     finally:
         stop.set()

@@ -8,12 +8,12 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-from conftest import CountingEnv
 from gymnasium import spaces
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
 from splice import Collector
 from splice.envs import make_adapter
+from splice.testing import CountingEnv
 
 
 class SpaceEnv(gym.Env):

@@ -5,11 +5,11 @@ from __future__ import annotations
 import gymnasium as gym
 import pytest
 import torch
-from conftest import counting_vec
 from gymnasium.vector import AutoresetMode
 from tensordict import TensorDict
 
 from splice import Collector
+from splice.testing import counting_vec
 
 
 class GRUPolicy(torch.nn.Module):

@@ -215,7 +215,7 @@ def test_input_is_not_modified() -> None:
 
 
 def test_cut_flag_survives_the_split() -> None:
-    batch = synthetic_rollout(2, 20, 5.0, seed=1)
+    batch = synthetic_rollout(2, 20, 5.0, seed=2)  # both rows end in a cut
     out = split_trajectories(batch)
     # Cut fragments are exactly the rows whose last real step carries the cut flag.
     lengths = out[MASK].sum(1)

@@ -8,12 +8,12 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-from conftest import CountingEnv, counting_vec
 from gymnasium import spaces
 
 from splice import Collector
 from splice.envs import EnvError
 from splice.policies import PolicyError
+from splice.testing import CountingEnv, counting_vec
 
 
 @pytest.mark.parametrize(

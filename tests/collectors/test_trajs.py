@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import counting_vec
 from gymnasium.vector import AutoresetMode
 
 from splice import Collector
 from splice.layout import CUT, DONE, IS_INIT, MASK, TRAJ_IDS, TRUNCATED
+from splice.testing import counting_vec
 
 
 def _rows(batch, fmt):

@@ -7,11 +7,11 @@ import time
 
 import pytest
 import torch
-from conftest import ListBuffer, counting_vec
 from tensordict import TensorDict
 
 from splice import Collector
 from splice.layout import CUT, MASK
+from splice.testing import counting_vec
 
 
 def _wait_for(cond, timeout=10.0):
@@ -22,8 +22,8 @@ def _wait_for(cond, timeout=10.0):
         time.sleep(0.005)
 
 
-def test_start_fills_buffer_and_honours_total_frames():
-    rb = ListBuffer()
+def test_start_fills_buffer_and_honours_total_frames(list_buffer):
+    rb = list_buffer
     c = Collector(counting_vec([3, 4]), frames_per_batch=20, total_frames=200, replay_buffer=rb)
     c.start()
     c.wait(timeout=30)
@@ -34,15 +34,15 @@ def test_start_fills_buffer_and_honours_total_frames():
     c.shutdown()
 
 
-def test_iteration_with_buffer_extends_and_yields():
-    rb = ListBuffer()
+def test_iteration_with_buffer_extends_and_yields(list_buffer):
+    rb = list_buffer
     with Collector(counting_vec([3]), frames_per_batch=5, total_frames=15, replay_buffer=rb) as c:
         out = list(c)
     assert [id(x) for x in out] == [id(x) for x in rb.items]
 
 
-def test_pause_resume_and_shutdown_stop_within_a_batch():
-    rb = ListBuffer()
+def test_pause_resume_and_shutdown_stop_within_a_batch(list_buffer):
+    rb = list_buffer
     c = Collector(counting_vec([3, 4]), frames_per_batch=20, replay_buffer=rb)  # endless
     c.start()
     _wait_for(lambda: len(rb) >= 40)
@@ -61,8 +61,8 @@ def test_pause_resume_and_shutdown_stop_within_a_batch():
     assert torch.equal(data["observation"][..., 0], torch.arange(n / 2).expand(2, -1))
 
 
-def test_shutdown_flushes_in_flight_episodes_with_trajs_per_batch():
-    rb = ListBuffer()
+def test_shutdown_flushes_in_flight_episodes_with_trajs_per_batch(list_buffer):
+    rb = list_buffer
     c = Collector(
         counting_vec([3, 500]),
         frames_per_batch=20,
@@ -77,7 +77,7 @@ def test_shutdown_flushes_in_flight_episodes_with_trajs_per_batch():
     assert len(rb) == c.frames  # every collected frame reached the buffer
 
 
-def test_worker_exception_is_raised_in_caller():
+def test_worker_exception_is_raised_in_caller(list_buffer):
     calls = {"n": 0}
 
     def policy(td):
@@ -87,7 +87,7 @@ def test_worker_exception_is_raised_in_caller():
         td["action"] = torch.zeros(td.batch_size, dtype=torch.long)
         return td
 
-    c = Collector(counting_vec([3]), policy, frames_per_batch=10, replay_buffer=ListBuffer())
+    c = Collector(counting_vec([3]), policy, frames_per_batch=10, replay_buffer=list_buffer)
     c.start()
     with pytest.raises(RuntimeError, match="background collection failed") as info:
         c.wait(timeout=10)
@@ -95,12 +95,12 @@ def test_worker_exception_is_raised_in_caller():
     c.shutdown()
 
 
-def test_start_needs_a_buffer_and_iteration_is_refused_while_running():
+def test_start_needs_a_buffer_and_iteration_is_refused_while_running(list_buffer):
     c = Collector(counting_vec([3]), frames_per_batch=10)
     with pytest.raises(RuntimeError, match="replay_buffer"):
         c.start()
     c.shutdown()
-    c = Collector(counting_vec([3]), frames_per_batch=10, replay_buffer=ListBuffer())
+    c = Collector(counting_vec([3]), frames_per_batch=10, replay_buffer=list_buffer)
     c.start()
     with pytest.raises(RuntimeError, match="background"):
         iter(c)
@@ -119,8 +119,8 @@ class Constant(torch.nn.Module):
         return td
 
 
-def test_update_policy_weights_in_background():
-    rb = ListBuffer()
+def test_update_policy_weights_in_background(list_buffer):
+    rb = list_buffer
     policy = Constant()
     c = Collector(counting_vec([1000]), policy, frames_per_batch=10, replay_buffer=rb)
     c.start()
@@ -162,8 +162,8 @@ def test_update_policy_weights_forms():
     lam.shutdown()
 
 
-def test_split_and_mask_in_padded_background_output():
-    rb = ListBuffer()
+def test_split_and_mask_in_padded_background_output(list_buffer):
+    rb = list_buffer
     c = Collector(
         counting_vec([3, 4]),
         frames_per_batch=20,
