@@ -395,7 +395,7 @@ def test_real_chunks_match_reference_on_their_fragments() -> None:
     """On CartPole chunks (terminations, 40-step time limits, cuts): every fragment matches."""
     for batch in _real_chunks(set_truncated=False):
         v, nv = _value_fn(batch["observation"]), _value_fn(batch["next", "observation"])
-        adv, target = T.gae(batch, v, nv, gamma=0.97, lmbda=0.9)
+        adv, _ = T.gae(batch, v, nv, gamma=0.97, lmbda=0.9)
         frags = split_trajectories(batch.set("v", v).set("nv", nv).set("adv", adv))
         for row in frags.unbind(0):
             row = row[row[MASK]]
@@ -431,7 +431,7 @@ def test_real_slices_bootstrap_at_their_ends(as_sequences: bool) -> None:
     for batch in _real_chunks(set_truncated=False):
         rb.extend(batch)
     sample = rb.sample()
-    v, nv = _value_fn(sample["observation"]), _value_fn(sample["next", "observation"])
+    nv = _value_fn(sample["next", "observation"])
     n_step = T.n_step_return(sample, nv, n=4, gamma=0.9)
     rows = sample if as_sequences else sample.reshape(10, 6)
     n_rows = n_step.reshape(10, 6)
@@ -457,8 +457,9 @@ def _torchrl(fn_name: str, laid: Laid, gamma: float, lmbda: float, done: torch.T
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         fn = getattr(torchrl_value, fn_name)
-        v, nv = laid.value.reshape(*laid.td.batch_size, 1), laid.next_value.reshape(
-            *laid.td.batch_size, 1
+        v, nv = (
+            laid.value.reshape(*laid.td.batch_size, 1),
+            laid.next_value.reshape(*laid.td.batch_size, 1),
         )
         return fn(gamma, lmbda, v, nv, laid.td[REWARD], done, laid.td[TERMINATED])
 
@@ -551,7 +552,7 @@ def test_errors_name_the_argument_and_leave_the_batch_unchanged() -> None:
         T.gae(td, gamma=0.9, lmbda=0.9)
     with pytest.raises(TypeError, match="floating-point"):
         T.gae(td, v.long(), v, gamma=0.9, lmbda=0.9)
-    with pytest.raises(LayoutError, match="missing key .*terminated"):
+    with pytest.raises(LayoutError, match=r"missing key .*terminated"):
         T.gae(td.exclude(TERMINATED), v, v, gamma=0.9, lmbda=0.9)
     with pytest.raises(LayoutError, match="nothing says where truncated episodes end"):
         T.gae(td.exclude(DONE), v, v, gamma=0.9, lmbda=0.9)

@@ -46,8 +46,8 @@ from splice import Collector, LazyTensorStorage, ReplayBuffer, SliceSampler
 from splice.examples.masked_cartpole import make_masked_cartpole
 from splice.examples.qnets import STATE_KEY, EpsilonGreedy, RecurrentQNet
 from splice.examples.r2d2 import Learner, R2D2Config, train
-from splice.targets import n_step_return
 from splice.replay import BURN_IN
+from splice.targets import n_step_return
 
 SMALL = os.environ.get("SPLICE_DOCS_BUDGET", "full") == "small"
 torch.manual_seed(0)

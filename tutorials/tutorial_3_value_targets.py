@@ -80,14 +80,19 @@ class Table:
         return f'<table class="splice-table"><tr>{head}</tr>{body}</table>'
 
     def __repr__(self):
-        lines = ["| " + " | ".join(self.header) + " |", "|" + "---|" * len(self.header)]
+        lines = [
+            "| " + " | ".join(self.header) + " |",
+            "|" + "---|" * len(self.header),
+        ]
         return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in self.rows])
 
 
 def plot_episode_end(title, span, true_value, variants):
     fig, ax = plt.subplots(figsize=(8, 3.4))
     steps = np.arange(-len(span) + 1, 1)
-    ax.plot(steps, true_value[span], color="black", lw=3, alpha=0.25, label="true value")
+    ax.plot(
+        steps, true_value[span], color="black", lw=3, alpha=0.25, label="true value"
+    )
     for name, target in variants.items():
         ax.plot(steps, target[span], color=COLORS[name], label=name)
     ax.set_xlabel("steps before the end of the data")
@@ -121,7 +126,9 @@ def plot_error_by_distance(curves):
 # limit comes first — *truncated*. It is deterministic, so every state has one true
 # value, which we compute below.
 
-GAINS = np.array([-0.1, 0.0, 1.0, 0.5], dtype=np.float32)  # x, x_dot, theta, theta_dot
+GAINS = np.array(
+    [-0.1, 0.0, 1.0, 0.5], dtype=np.float32
+)  # x, x_dot, theta, theta_dot
 
 
 def act(obs: np.ndarray) -> np.ndarray:
@@ -137,7 +144,11 @@ env = gym.make_vec(
     "CartPole-v1", num_envs=N_ENVS, vectorization_mode="vector_entry_point"
 )
 collector = Collector(
-    env, policy, frames_per_batch=N_ENVS * T, total_frames=N_ENVS * T * N_BATCHES, seed=0
+    env,
+    policy,
+    frames_per_batch=N_ENVS * T,
+    total_frames=N_ENVS * T * N_BATCHES,
+    seed=0,
 )
 chunks = list(collector)
 collector.shutdown()
@@ -194,7 +205,9 @@ obs = batch["observation"].reshape(-1, 4).numpy()
 next_obs = batch["next", "observation"].reshape(-1, 4).numpy()
 both = torch.from_numpy(true_values(np.concatenate([obs, next_obs]))).float()
 value = both[: len(obs)].reshape(batch.shape)  # V(s_t)
-next_value = both[len(obs) :].reshape(batch.shape)  # V(s'_t), s'_t = ("next", "observation")
+next_value = both[len(obs) :].reshape(
+    batch.shape
+)  # V(s'_t), s'_t = ("next", "observation")
 f"true values from {value.min():.1f} to {value.max():.1f}"
 
 # %%
@@ -278,7 +291,10 @@ assert errors["time limit as termination"][truncated].mean() > 30
 assert errors["cut as termination"][cut].mean() > 30
 assert errors["cut as termination"].mean() > 10 * errors["splice (correct)"].mean()
 assert errors["V(t) for V(t+1)"][truncated].mean() < 5
-assert errors["V(t) for V(t+1)"][truncated].mean() > errors["splice (correct)"][truncated].mean()
+assert (
+    errors["V(t) for V(t+1)"][truncated].mean()
+    > errors["splice (correct)"][truncated].mean()
+)
 Table(
     ["targets", "mean error", "at time limits", "at cuts", "max", "steps off by > 1"],
     rows,
@@ -327,7 +343,9 @@ plot_episode_end(
 continues = targets.continues(batch)  # the rule splice's targets follow
 position = torch.arange(T).expand_as(continues)
 # the last step of each step's segment: the first step at or after it that stops
-segment_end = torch.where(continues, T - 1, position).flip(-1).cummin(-1).values.flip(-1)
+segment_end = (
+    torch.where(continues, T - 1, position).flip(-1).cummin(-1).values.flip(-1)
+)
 distance = segment_end - position
 curves = {}
 for name, end_kind in [

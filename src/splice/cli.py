@@ -96,10 +96,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def run_one(config: R2D2Config | PPOConfig, output: Path, *, quiet: bool) -> TrainResult:
     """Train one agent with a progress bar; write ``summary.json`` and ``learning_curve.png``."""
-    if isinstance(config, PPOConfig):
-        from splice.examples.ppo import train
-    else:
-        from splice.examples.r2d2 import train  # type: ignore[assignment]
+    from splice.examples import ppo, r2d2
 
     output.mkdir(parents=True, exist_ok=True)
     bar = None if quiet else _progress_bar(config)
@@ -120,7 +117,10 @@ def run_one(config: R2D2Config | PPOConfig, output: Path, *, quiet: bool) -> Tra
             bar.refresh()
 
     try:
-        result = train(config, progress=progress)
+        if isinstance(config, PPOConfig):
+            result: TrainResult = ppo.train(config, progress=progress)
+        else:
+            result = r2d2.train(config, progress=progress)
     finally:
         if bar is not None:
             bar.close()

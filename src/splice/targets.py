@@ -522,6 +522,7 @@ def _values(
     td: TensorDictBase, value: Tensor | None, key: NestedKey, name: str, steps: _Steps
 ) -> Tensor:
     """A value argument (or the entry at ``key``) as float ``[rows, T]``."""
+    error: type[ValueError]
     if value is None:
         value = td.get(key, None)
         if value is None:

@@ -76,9 +76,7 @@ def make_masked_cartpole(num_envs: int, *, max_episode_steps: int = 500) -> gym.
     )
 
 
-def greedy_returns(
-    act: Callable[[np.ndarray], np.ndarray], episodes: int, seed: int
-) -> np.ndarray:
+def greedy_returns(act: Callable[[np.ndarray], np.ndarray], episodes: int, seed: int) -> np.ndarray:
     """Returns of ``episodes`` masked-CartPole episodes run side by side (capped at 500 steps).
 
     The evaluation every agent of :mod:`splice.examples` (and the sb3-contrib comparison in

@@ -179,6 +179,10 @@ class RunningNorm(nn.Module):
         tensor([[0., 0.]])
     """
 
+    mean: Tensor
+    var: Tensor
+    count: Tensor
+
     def __init__(self, dim: int, clip: float = 10.0) -> None:
         super().__init__()
         self.clip = clip
@@ -193,7 +197,9 @@ class RunningNorm(nn.Module):
         mean, var = x.mean(0), x.var(0, unbiased=False)
         total = self.count + n
         delta = mean - self.mean
-        self.var.copy_((self.var * self.count + var * n + delta**2 * self.count * n / total) / total)
+        self.var.copy_(
+            (self.var * self.count + var * n + delta**2 * self.count * n / total) / total
+        )
         self.mean.add_(delta * n / total)
         self.count.copy_(total)
 
@@ -452,6 +458,7 @@ def train(config: PPOConfig, *, progress: Progress | None = None) -> PPOResult:
                 returns = evaluate(net, config.eval_every_episodes, seed=10_000 + len(result.curve))
                 point["eval_return"] = float(returns.mean())
                 point["load_1min"] = os.getloadavg()[0]
+                point["cpu_seconds"] = time.process_time() - start_cpu
                 if point["eval_return"] >= best[0]:
                     best = (point["eval_return"], copy.deepcopy(net.state_dict()))
                 result.curve.append(point)

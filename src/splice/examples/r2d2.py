@@ -8,8 +8,9 @@
   never cross an episode end, left-aligned with a mask (burn-in / training / padding), and the
   stored state at each sequence's first step (R2D2's "stored state" with burn-in).
 * **Learning**: n-step double DQN on the sequences (Huber loss, hard target updates,
-  targets from :func:`splice.targets.n_step_return`), one gradient step per ``frames_per_update`` collected frames. The learner keeps that ratio
-  by pausing the collector when it runs ahead (a sample-to-insert rate limiter).
+  targets from :func:`splice.targets.n_step_return`), one gradient step per
+  ``frames_per_update`` collected frames. The learner keeps that ratio by pausing the
+  collector when it runs ahead (a sample-to-insert rate limiter).
 
 Three agents share everything but what the issue compares:
 
