@@ -146,7 +146,7 @@ def run_sb3(seed: int, *, quick: bool, eval_every: int) -> dict[str, Any]:
 
         return greedy_returns(act, episodes, seed=k)
 
-    clock = {"eval": 0.0, "collect": 0.0, "train": 0.0}
+    clock = {"eval": 0.0, "eval_cpu": 0.0, "collect": 0.0, "train": 0.0}
     curve: list[dict[str, float]] = []
     best: dict[str, Any] = {"mean": -np.inf, "policy": None, "obs_rms": None}
 
@@ -158,7 +158,9 @@ def run_sb3(seed: int, *, quick: bool, eval_every: int) -> dict[str, Any]:
         def _on_step(self) -> bool:
             if self.num_timesteps >= self.next_eval:
                 self.next_eval += eval_every
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.process_time()
+                seconds = t0 - start_wall - clock["eval"]
+                cpu = c0 - start_cpu - clock["eval_cpu"]
                 returns = greedy(None, venv.obs_rms, EVAL_EPISODES, periodic_seed(len(curve)))
                 mean = float(returns.mean())
                 if mean >= best["mean"]:
@@ -168,7 +170,8 @@ def run_sb3(seed: int, *, quick: bool, eval_every: int) -> dict[str, Any]:
                         obs_rms=copy.deepcopy(venv.obs_rms),
                     )
                 clock["eval"] += time.perf_counter() - t0
-                curve.append(point(self.num_timesteps, mean, clock, start_wall))
+                clock["eval_cpu"] += time.process_time() - c0
+                curve.append(point(self.num_timesteps, mean, seconds, cpu))
             return True
 
     def timed(name: str, fn: Any) -> Any:
@@ -184,9 +187,10 @@ def run_sb3(seed: int, *, quick: bool, eval_every: int) -> dict[str, Any]:
     # Time sb3's two phases without changing them: learn() looks both methods up on the model.
     model.collect_rollouts = timed("collect", model.collect_rollouts)  # type: ignore[method-assign]
     model.train = timed("train", model.train)  # type: ignore[method-assign]
-    start_wall = time.perf_counter()
+    start_wall, start_cpu = time.perf_counter(), time.process_time()
     model.learn(total_timesteps=hp["n_timesteps"], callback=Evaluate())
     train_seconds = time.perf_counter() - start_wall - clock["eval"]
+    train_cpu = time.process_time() - start_cpu - clock["eval_cpu"]
     frames = int(model.num_timesteps)
     last = greedy(None, venv.obs_rms, EVAL_EPISODES, final_seed(seed))
     kept = last
@@ -200,6 +204,7 @@ def run_sb3(seed: int, *, quick: bool, eval_every: int) -> dict[str, Any]:
         curve,
         frames=frames,
         train_seconds=train_seconds,
+        train_cpu_seconds=train_cpu,
         collect_seconds=clock["collect"],
         update_seconds=clock["train"],
         last_returns=last,
@@ -226,6 +231,7 @@ def run_splice(seed: int, *, quick: bool, eval_every: int) -> dict[str, Any]:
         {
             "frames": p["frames"],
             "train_seconds": p["train_seconds"],
+            "train_cpu_seconds": p["train_cpu_seconds"],
             "eval_return": p["eval_return"],
             "load_1min": p["load_1min"],
         }
@@ -238,6 +244,7 @@ def run_splice(seed: int, *, quick: bool, eval_every: int) -> dict[str, Any]:
         curve,
         frames=result.frames,
         train_seconds=result.train_seconds - result.eval_seconds,
+        train_cpu_seconds=result.train_cpu_seconds,
         collect_seconds=result.collect_seconds,
         update_seconds=result.update_seconds,
         last_returns=np.asarray(result.last_returns),
@@ -248,10 +255,12 @@ def run_splice(seed: int, *, quick: bool, eval_every: int) -> dict[str, Any]:
 # --------------------------------------------------------------------------- reporting
 
 
-def point(frames: int, mean: float, clock: dict[str, float], start: float) -> dict[str, float]:
+def point(frames: int, mean: float, seconds: float, cpu: float) -> dict[str, float]:
+    """A learning-curve point: training wall and CPU seconds so far (evaluations excluded)."""
     return {
         "frames": float(frames),
-        "train_seconds": time.perf_counter() - start - clock["eval"],
+        "train_seconds": seconds,
+        "train_cpu_seconds": cpu,
         "eval_return": mean,
         "load_1min": load_1min(),
     }
@@ -265,6 +274,7 @@ def summarise(
     *,
     frames: int,
     train_seconds: float,
+    train_cpu_seconds: float,
     collect_seconds: float,
     update_seconds: float,
     last_returns: np.ndarray,
@@ -279,7 +289,9 @@ def summarise(
         "curve": curve,
         "frames": frames,
         "train_seconds": train_seconds,
+        "train_cpu_seconds": train_cpu_seconds,
         "seconds_to_solved": solved["train_seconds"] if solved else None,
+        "cpu_seconds_to_solved": solved["train_cpu_seconds"] if solved else None,
         "frames_to_solved": solved["frames"] if solved else None,
         "collect_fps": frames / collect_seconds if collect_seconds else None,
         "train_fps": frames / update_seconds if update_seconds else None,
@@ -294,13 +306,18 @@ def summarise(
 
 
 def report(runs: list[dict[str, Any]]) -> str:
-    """Per-seed rows and a median row per agent, plus the splice/sb3 ratio of medians."""
+    """Per-seed rows and a median row per agent, plus the sb3/splice ratios of the medians."""
 
     def fmt(x: float | None, spec: str = ".0f") -> str:
         return "not reached" if x is None else format(x, spec)
 
+    def median_or_none(values: list[float | None]) -> float | None:
+        # A run that never reached the threshold counts as infinitely slow.
+        med = statistics.median(float("inf") if v is None else v for v in values)
+        return None if med == float("inf") else med
+
     rows = []
-    medians: dict[str, float | None] = {}
+    medians: dict[str, dict[str, float | None]] = {}
     for agent in AGENTS:
         mine = sorted((r for r in runs if r["agent"] == agent), key=lambda r: r["seed"])
         if not mine:
@@ -311,24 +328,26 @@ def report(runs: list[dict[str, Any]]) -> str:
                     agent,
                     r["seed"],
                     fmt(r["seconds_to_solved"]),
+                    fmt(r["cpu_seconds_to_solved"], ".1f"),
                     fmt(r["frames_to_solved"]),
                     f"{r['train_seconds']:.0f}",
                     f"{r['collect_fps']:,.0f}",
                     f"{r['train_fps']:,.0f}",
                     f"{r['final_mean_last']:.1f}",
                     f"{r['final_mean_kept']:.1f}",
-                    f"{r['load_1min_mean']:.2f} / {r['load_1min_max']:.2f}",
+                    f"{r['load_1min_mean']:.1f} / {r['load_1min_max']:.1f}",
                 ]
             )
-        # A run that never reached the threshold counts as infinitely slow.
-        times = [r["seconds_to_solved"] or float("inf") for r in mine]
-        med = statistics.median(times)
-        medians[agent] = None if med == float("inf") else med
+        medians[agent] = {
+            "wall": median_or_none([r["seconds_to_solved"] for r in mine]),
+            "cpu": median_or_none([r["cpu_seconds_to_solved"] for r in mine]),
+        }
         rows.append(
             [
                 f"**{agent} median**",
                 "",
-                fmt(medians[agent]),
+                fmt(medians[agent]["wall"]),
+                fmt(medians[agent]["cpu"], ".1f"),
                 "",
                 f"{statistics.median(r['train_seconds'] for r in mine):.0f}",
                 f"{statistics.median(r['collect_fps'] for r in mine):,.0f}",
@@ -342,6 +361,7 @@ def report(runs: list[dict[str, Any]]) -> str:
         "agent",
         "seed",
         f"s to greedy >= {SOLVED:.0f}",
+        "CPU s then",
         "frames then",
         "training s",
         "collect frames/s",
@@ -351,12 +371,13 @@ def report(runs: list[dict[str, Any]]) -> str:
         "load mean / max",
     ]
     out = table(headers, rows)
-    sb3, ours = medians.get("sb3"), medians.get("splice")
-    if ours is not None:
-        speedup = "inf" if sb3 is None else f"{sb3 / ours:.1f}x"
-        out += f"\n\nmedian time to greedy >= {SOLVED:.0f}: sb3 / splice = {speedup}"
-        if sb3 is None:
-            out += " (sb3 did not reach it in the median run)"
+    if "sb3" in medians and "splice" in medians:
+        for clock in ("wall", "cpu"):
+            sb3, ours = medians["sb3"][clock], medians["splice"][clock]
+            if ours is None:
+                continue
+            speedup = "inf (sb3 did not reach it)" if sb3 is None else f"{sb3 / ours:.1f}x"
+            out += f"\nmedian {clock} time to greedy >= {SOLVED:.0f}: sb3 / splice = {speedup}"
     return out
 
 
