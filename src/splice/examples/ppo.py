@@ -3,20 +3,27 @@
 One file, read top to bottom:
 
 * **Collection**: :class:`splice.Collector` steps ``num_envs`` vectorised masked-CartPole envs
-  with a stochastic LSTM policy (:class:`RecurrentActorCritic` behind :class:`PPOPolicy`),
-  carrying the LSTM state from step to step, zeroing it at episode starts and storing the
-  state entering every step (and the one leaving it) in each ``[B, T]`` chunk.
-* **Targets**: :func:`splice.targets.gae` on the chunk as it comes. ``V(s_t)`` and
-  ``V(s'_t)`` are one LSTM step each from the *stored* states, for all ``B * T`` steps at once
-  (no sequential pass); episodes that ended by the time limit bootstrap from their true final
-  observation, episodes cut at the chunk's edge from the observation they continue from.
-* **Sequences**: :func:`splice.split_trajectories` regroups the chunk into trajectory
-  fragments; each is cut into training sequences of at most ``seq_len`` steps that start from
-  the state stored at their first step, so no sequence crosses an episode boundary and no
-  state is recomputed. Minibatches of whole sequences go through the LSTM *packed*
-  (``pack_padded_sequence``): no step of padding is computed.
-* **Update**: PPO's clipped surrogate, value regression on the GAE targets, entropy bonus,
-  ``epochs`` passes over the chunk in shuffled minibatches.
+  with a stochastic recurrent policy (:class:`RecurrentActorCritic`, a GRU by default, behind
+  :class:`PPOPolicy`). The collector carries the recurrent state from step to step, zeroes it
+  at episode starts and stores the state entering every step (and the one leaving it) in
+  each ``[B, T]`` chunk.
+* **Targets**: :func:`splice.targets.gae` on the chunk as it comes (:func:`add_advantages`).
+  ``V(s_t)`` and ``V(s'_t)`` are one recurrent step each from the *stored* states, for all
+  ``B * T`` steps in one batched call (no sequential pass): episodes that ended by the time
+  limit bootstrap from their true final observation, episodes cut at the chunk's edge from
+  the observation they continue from, terminated ones not at all.
+* **Sequences** (:func:`training_sequences`): :func:`splice.split_trajectories` regroups the
+  chunk into trajectory fragments, and each fragment is cut into sequences of ``seq_len``
+  steps (its last one shorter) that start from the state stored at their first step. No
+  sequence crosses an episode boundary, no state is recomputed, and the padding is decided
+  once per chunk, only at the tail of each fragment — never per minibatch.
+* **Update** (:func:`ppo_loss`): PPO's clipped surrogate, value regression on the GAE
+  targets, entropy bonus; ``epochs`` passes over the chunk in shuffled minibatches of whole
+  sequences, each run from its stored initial state in one recurrent call.
+
+Observations are normalised by running statistics (:class:`RunningNorm`) and rewards scaled
+by ``reward_scale`` for the targets. Evaluation is greedy (argmax), on 20 held-out episodes
+(:func:`splice.examples.masked_cartpole.greedy_returns`).
 
 Examples:
     A (very) short run, to show the moving parts:
@@ -55,11 +62,15 @@ __all__ = [
     "PPOPolicy",
     "PPOResult",
     "RecurrentActorCritic",
+    "RunningNorm",
+    "add_advantages",
     "evaluate",
+    "ppo_loss",
     "train",
+    "training_sequences",
 ]
 
-#: Where the policy keeps its LSTM state (``[B, 2 * hidden]``: ``h`` then ``c``).
+#: Where the policy keeps its recurrent state (``[B, state_dim]``).
 STATE_KEY = "recurrent_state"
 #: The log-probability of the action taken, written by the policy (TorchRL's name).
 LOG_PROB_KEY = "sample_log_prob"
@@ -93,7 +104,8 @@ class PPOConfig:
         anneal_clip: anneal the clip range.
         ent_coef: entropy bonus.
         reward_scale: rewards are multiplied by this for the targets, so that values stay
-            near 1 and the value loss does not swamp the policy's gradient in the shared LSTM.
+            near 1 and the value loss does not swamp the policy's gradient in the shared
+            recurrent core.
         vf_coef: weight of the value loss.
         max_grad_norm: gradient-norm clip.
         normalize_obs: normalise observations by their running mean and variance (updated
@@ -163,12 +175,15 @@ class PPOResult(TrainResult):
         update_seconds: time spent on targets, sequences and gradient steps.
         eval_seconds: time spent in the periodic evaluations (part of ``train_seconds``).
         train_cpu_seconds: process CPU time of the training loop, evaluations excluded.
+        padding_fraction: share of the training sequences' positions that were padding
+            (fragment tails shorter than ``seq_len``).
     """
 
     collect_seconds: float = 0.0
     update_seconds: float = 0.0
     eval_seconds: float = 0.0
     train_cpu_seconds: float = 0.0
+    padding_fraction: float = 0.0
 
 
 class RunningNorm(nn.Module):
@@ -177,8 +192,8 @@ class RunningNorm(nn.Module):
     Examples:
         >>> norm = RunningNorm(2)
         >>> norm.update(torch.tensor([[1.0, 10.0], [3.0, 30.0]]))
-        >>> norm(torch.tensor([[2.0, 20.0]]))
-        tensor([[0., 0.]])
+        >>> norm(torch.tensor([[3.0, 30.0]])).round(decimals=2)  # one std above the mean
+        tensor([[1., 1.]])
     """
 
     mean: Tensor
@@ -322,8 +337,8 @@ def evaluate(net: RecurrentActorCritic, episodes: int, seed: int) -> np.ndarray:
 def add_advantages(net: RecurrentActorCritic, batch: TensorDictBase, config: PPOConfig) -> None:
     """Write GAE's ``"advantage"`` and ``"value_target"`` into a ``[B, T]`` chunk.
 
-    ``V(observation)`` and ``V(("next", "observation"))`` are one LSTM step from the states
-    the collector stored (entering and leaving each step), all steps in one call.
+    ``V(observation)`` and ``V(("next", "observation"))`` are one recurrent step from the
+    states the collector stored (entering and leaving each step), all steps in one call.
     """
     obs = torch.cat([batch[OBSERVATION], batch[NEXT_OBSERVATION]]).flatten(0, 1)
     state = torch.cat([batch[STATE_KEY], batch[NEXT, STATE_KEY]]).flatten(0, 1)
@@ -421,7 +436,7 @@ def train(config: PPOConfig, *, progress: Progress | None = None) -> PPOResult:
     losses: list[float] = []
     next_eval, solved_in_a_row = config.eval_every, 0
     eval_seconds = eval_cpu = 0.0  # the evaluations' own wall and CPU time
-    frames = 0
+    frames = padded = positions = 0
     iterator = iter(collector)
     try:
         while True:
@@ -440,6 +455,8 @@ def train(config: PPOConfig, *, progress: Progress | None = None) -> PPOResult:
             add_advantages(net, batch, config)
             seqs = training_sequences(batch.select(*TRAINING_KEYS), config.seq_len)
             columns = {key: seqs.get(key) for key in (*TRAINING_KEYS[:-1], MASK)}
+            padded += int((~columns[MASK]).sum())
+            positions += columns[MASK].numel()
             columns[STATE_KEY] = columns[STATE_KEY][:, 0]  # stored state entering each sequence
             for _ in range(config.epochs):
                 order = torch.randperm(seqs.batch_size[0], generator=shuffle)
@@ -479,6 +496,7 @@ def train(config: PPOConfig, *, progress: Progress | None = None) -> PPOResult:
         collector.shutdown()
     result.train_seconds = time.perf_counter() - start_wall
     result.eval_seconds = eval_seconds
+    result.padding_fraction = padded / max(1, positions)
     result.train_cpu_seconds = time.process_time() - start_cpu - eval_cpu
     result.frames = frames
     result.episodes = list(collector.episode_log)
