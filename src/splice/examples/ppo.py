@@ -122,13 +122,13 @@ class PPOConfig:
     """
 
     seed: int = 0
-    total_frames: int = 1_000_000
+    total_frames: int = 300_000
     time_limit: float = 280.0
     num_envs: int = 32
     steps_per_batch: int = 64
     hidden: int = 64
     cell: str = "gru"
-    seq_len: int = 16
+    seq_len: int = 8
     epochs: int = 4
     minibatches: int = 4
     gamma: float = 0.99
