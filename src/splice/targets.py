@@ -356,7 +356,7 @@ def n_step_return(
         cont = steps.continues
         togo = _reverse_scan(reward, gamma * cont.to(torch.float64))
         length = cont.shape[-1]
-        position = torch.arange(length).expand_as(cont)
+        position = torch.arange(length, device=cont.device).expand_as(cont)
         last = _segment_end(cont)
         ahead = position + n
         inside = ahead <= last
@@ -405,7 +405,7 @@ def _segment_end(cont: Tensor) -> Tensor:
     """For every position, the index of the last step of its segment (first ``t' >= t``
     with ``cont[t']`` False); the last column is always an end."""
     length = cont.shape[-1]
-    position = torch.arange(length).expand_as(cont)
+    position = torch.arange(length, device=cont.device).expand_as(cont)
     end_at = torch.where(cont, length - 1, position)
     return end_at.flip(-1).cummin(-1).values.flip(-1)
 
@@ -501,7 +501,7 @@ def _read(td: TensorDictBase, keys: TargetKeys) -> _Steps:
         real = ids >= 0
         valid = real if valid is None else valid & real
     if valid is None:
-        valid = torch.ones(batch, dtype=torch.bool)
+        valid = torch.ones(batch, dtype=torch.bool, device=reward.device)
     length = batch[-1]
     rows = batch.numel() // length if length else 0
 

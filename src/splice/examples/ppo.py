@@ -53,7 +53,7 @@ from torch import Tensor, nn
 from splice import Collector, split_trajectories, targets
 from splice.examples.masked_cartpole import KEPT, greedy_returns, make_masked_cartpole
 from splice.examples.r2d2 import TrainResult
-from splice.layout import ACTION, MASK, NEXT, NEXT_OBSERVATION, OBSERVATION, REWARD
+from splice.layout import ACTION, MASK, NEXT, NEXT_OBSERVATION, OBSERVATION
 
 __all__ = [
     "LOG_PROB_KEY",
@@ -339,16 +339,19 @@ def add_advantages(net: RecurrentActorCritic, batch: TensorDictBase, config: PPO
 
     ``V(observation)`` and ``V(("next", "observation"))`` are one recurrent step from the
     states the collector stored (entering and leaving each step), all steps in one call.
+    The critic predicts returns of rewards scaled by ``config.reward_scale``; GAE being
+    linear in rewards and values, the targets are computed on the batch's own rewards with
+    the values unscaled, then scaled back.
     """
     obs = torch.cat([batch[OBSERVATION], batch[NEXT_OBSERVATION]]).flatten(0, 1)
     state = torch.cat([batch[STATE_KEY], batch[NEXT, STATE_KEY]]).flatten(0, 1)
     _, values, _ = net(obs[:, None], state)
     value, next_value = values.view(2, *batch.batch_size).unbind(0)
-    batch[REWARD] = batch[REWARD] * config.reward_scale
+    scale = config.reward_scale
     advantage, value_target = targets.gae(
-        batch, value, next_value, gamma=config.gamma, lmbda=config.gae_lambda
+        batch, value / scale, next_value / scale, gamma=config.gamma, lmbda=config.gae_lambda
     )
-    batch["advantage"], batch["value_target"] = advantage, value_target
+    batch["advantage"], batch["value_target"] = advantage * scale, value_target * scale
 
 
 def training_sequences(batch: TensorDictBase, seq_len: int) -> TensorDictBase:
