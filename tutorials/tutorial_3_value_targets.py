@@ -9,13 +9,13 @@ wrong, and popular implementations do get them wrong:
 
 1. **A time limit treated as termination.** The episode did not end because the task
    ended, but the target stops bootstrapping as if it had (CleanRL's PPO, cleanrl#198;
-   purejaxrl ignores time limits).
+   purejaxrl#20).
 2. **A collector's cut treated as termination.** The collector returned the batch in the
    middle of an episode; a target that treats the batch edge as an end loses everything
    after it.
 3. **V(t) for V(t+1).** A time-out bootstraps from the value of the step's own
-   observation instead of the observation the episode ended in (rl_games#128; also in
-   Sample Factory and rsl_rl).
+   observation instead of the observation the episode ended in (rl_games#128; the same
+   approximation in Sample Factory and in rsl_rl, rsl_rl#20 and #151).
 
 This tutorial collects real CartPole data, computes the *true* value of every state, and
 measures how far each mistake moves the value targets from it — next to
@@ -290,6 +290,9 @@ for name, target in variants.items():
 assert errors["time limit as termination"][truncated].mean() > 30
 assert errors["cut as termination"][cut].mean() > 30
 assert errors["cut as termination"].mean() > 10 * errors["splice (correct)"].mean()
+assert (
+    errors["cut as termination"].mean() > errors["time limit as termination"].mean()
+)
 assert errors["V(t) for V(t+1)"][truncated].mean() < 5
 assert (
     errors["V(t) for V(t+1)"][truncated].mean()
@@ -307,8 +310,9 @@ Table(
 #   every row's tail loses its bootstrap, and with :math:`\gamma\lambda = 0.94` the damage
 #   reaches dozens of steps back. The shorter the chunks, the larger the share of data it
 #   spoils.
-# * **Time limit as termination** is as wrong at each time limit (the target drops from
-#   the state's value to one reward), but time limits are rarer than chunk edges here.
+# * **Time limit as termination** does the same damage where it applies (at a time limit
+#   the target drops from the state's value to one reward), but time limits are rarer
+#   than chunk edges here.
 # * **V(t) for V(t+1)** is much smaller on CartPole: one step rarely changes the value
 #   much. It is still a bias, and it grows where values change fast from step to step —
 #   near failure, or with sparse rewards.
