@@ -36,7 +36,7 @@ def flatten_batch(td: TensorDictBase) -> TensorDictBase:
     """``[..., T]`` -> ``[N]``, env-major (row by row); views where the layout allows."""
     if td.ndim == 1:
         return td
-    n, ndim = td.numel(), td.ndim
+    n, ndim = td.batch_size.numel(), td.ndim  # td.numel() is 1 for a [B, 0] batch
     return map_leaves(td, lambda _, x: x.reshape(n, *x.shape[ndim:]), [n])
 
 

@@ -8,7 +8,7 @@ from tensordict.utils import NestedKey
 from torch import Tensor
 
 from splice._gather import take_rows
-from splice.layout import NEXT, PADDING_ID, LayoutError, as_key_tuple
+from splice.layout import NEXT, PADDING_ID, LayoutError, as_key_tuple, check_trajectory_ids
 from splice.trajectories._index import TrajectoryIndex, ids_from_done, index_by_id
 from splice.trajectories._tensordict import (
     Key,
@@ -40,8 +40,11 @@ def split_trajectories(
     flattened env-major. Trajectory boundaries come from the ids at ``trajectory_key`` (default
     ``(prefix, "traj_ids")``, prefix ``"collector"`` when present) or, when there are no ids,
     from ``("next", done_key)`` (default ``("next", "done")``); the derived ids are written to
-    the output. Steps whose id is negative, or whose existing mask is False, are padding and
-    are dropped.
+    the output. Steps whose id is ``-1``, or whose existing mask is False, are padding and
+    are dropped; an id below ``-1`` is refused (see :func:`splice.layout.check_trajectory_ids`).
+    A batch without real steps (``[0]``, ``[B, 0]``, all padding) gives an empty output:
+    ``[0, 0]`` padded, ``[0]`` jagged; a strided nested tensor cannot have zero rows, so
+    ``as_nested=True`` refuses it.
 
     Args:
         td: the batch of steps.
@@ -57,7 +60,10 @@ def split_trajectories(
         time order, and a boolean mask (True on real steps) next to the ids.
 
     Raises:
-        LayoutError: missing ids and done flags, non-integer ids, or a shape mismatch.
+        TypeError: ``td`` is not a TensorDict.
+        LayoutError: missing ids and done flags, non-integer ids, ids below ``-1``, or a shape
+            mismatch.
+        ValueError: ``as_nested=True`` (strided) for a batch without real steps.
 
     Examples:
         >>> import torch
@@ -86,6 +92,8 @@ def split_trajectories(
                 [ True,  True, False],
                 [ True, False, False]])
     """
+    if not isinstance(td, TensorDictBase):
+        raise TypeError(f"split_trajectories expects a TensorDict, got {type(td).__name__}")
     if td.ndim == 0:
         raise LayoutError("split_trajectories needs a batch with at least one (time) dimension")
     ids_key, mask_key = resolve_trajectory_keys(td, trajectory_key, prefix)
@@ -185,7 +193,18 @@ def to_nested(
     """One nested tensor per key (rows = trajectories) plus an all-True nested mask.
 
     Zero-copy when the steps are already laid out trajectory after trajectory.
+
+    Raises:
+        ValueError: no trajectory at all with the strided layout (torch has no zero-row strided
+            nested tensor with per-step dims).
     """
+    if index.n_rows == 0 and layout == torch.strided:
+        raise ValueError(
+            "split_trajectories(as_nested=True): the batch has no real steps (empty, or all "
+            "padding), and a strided nested tensor cannot have zero rows; use "
+            "as_nested=torch.jagged or the padded output (as_nested=False), which return an "
+            "empty result"
+        )
     if not index.cat_is_identity():
         order = index.cat_order()
         flat = map_leaves(flat, lambda _, x: take_rows(x, order), [index.n_steps])
@@ -193,10 +212,11 @@ def to_nested(
     flat.set(mask_key, torch.ones(index.n_steps, dtype=torch.bool, device=index.row.device))
     if layout == torch.jagged:
         offsets = index.offsets()
+        min_len = int(index.lengths.min()) if index.n_rows else 0
         return map_leaves(
             flat,
             lambda _, x: torch.nested.nested_tensor_from_jagged(
-                x, offsets, min_seqlen=int(index.lengths.min()), max_seqlen=index.max_len
+                x, offsets, min_seqlen=min_len, max_seqlen=index.max_len
             ),
             [index.n_rows],
         )
@@ -240,6 +260,7 @@ def _read_ids(td: TensorDictBase, ids_key: Key, done_key: NestedKey | None) -> t
             f"key {ids_key!r}: expected shape {list(td.batch_size)} (the batch shape), "
             f"got {list(ids.shape)}"
         )
+    check_trajectory_ids(ids, ids_key)
     return ids.to(torch.int64), False
 
 
