@@ -10,10 +10,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def run_quick(module: str) -> list[str]:
+def run_quick(module: str, *args: str) -> list[str]:
     """The stdout lines of ``python -m benchmarks.<module> --quick`` (which must succeed)."""
     out = subprocess.run(
-        [sys.executable, "-m", f"benchmarks.{module}", "--quick"],
+        [sys.executable, "-m", f"benchmarks.{module}", "--quick", *args],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -54,3 +54,18 @@ def test_bench_envs_quick() -> None:
     assert any("| plain nn.Module " in line for line in lines)
     assert any("TensorDictModule (by hand)" in line for line in lines)
     assert any("random, action_mask" in line for line in lines)
+
+
+def test_bench_targets_quick() -> None:
+    lines = run_quick("bench_targets")
+    for name in ("GAE", "TD(λ)"):
+        rows = [line for line in lines if line.startswith(f"| {name} [")]
+        assert len(rows) == 3, name  # three episode-length cases
+    assert all("n/a" not in line for line in lines if line.startswith("| GAE"))  # TorchRL ran
+
+
+def test_bench_ppo_vs_sb3_quick(tmp_path: Path) -> None:
+    lines = run_quick("bench_ppo_vs_sb3", "--out", str(tmp_path))
+    assert any(line.startswith("| sb3 ") for line in lines)
+    assert any(line.startswith("| splice ") for line in lines)
+    assert {p.name for p in tmp_path.iterdir()} == {"sb3_s0.json", "splice_s0.json"}

@@ -488,3 +488,77 @@ def test_default_weighting_is_per_trajectory():
         rb.extend(td)
         short = (rb.sample()["collector", "traj_ids"] == 0).float().mean()
         assert low < short < high, weighting
+
+
+# --------------------------------------------------------------------------- value targets
+
+
+def _two_trajectories(set_truncated: bool) -> TensorDict:
+    """The "cat" layout: trajectory 4 cut after 3 steps, then trajectory 5 terminated."""
+    cut = torch.tensor([False, False, True, False, False])
+    ended = torch.tensor([False, False, False, False, True])
+    flag = lambda x: x.unsqueeze(-1)  # noqa: E731
+    return TensorDict(
+        {
+            ("next", "reward"): torch.ones(5, 1),
+            ("next", "terminated"): flag(ended),
+            ("next", "truncated"): flag(cut & set_truncated),
+            ("next", "done"): flag(ended | (cut & set_truncated)),
+            ("collector", "traj_ids"): torch.tensor([4, 4, 4, 5, 5]),
+            ("collector", "cut"): cut,
+        },
+        batch_size=[5],
+    )
+
+
+def test_value_targets_stop_at_cuts_and_id_changes():
+    from torchrl.objectives.value.functional import generalized_advantage_estimate
+
+    value, next_value = torch.zeros(5, 1), torch.full((5, 1), 10.0)
+    for set_truncated in (False, True):
+        td = _two_trajectories(set_truncated)
+        ours = splice.targets.gae(td, value, next_value, gamma=0.5, lmbda=1.0)[0]
+        theirs = generalized_advantage_estimate(
+            0.5, 1.0, value, next_value, td["next", "reward"], td["next", "done"],
+            td["next", "terminated"],
+        )[0]  # fmt: skip
+        # splice: the cut step bootstraps (1 + 0.5 * 10 = 6), either way
+        assert ours[2].item() == 6.0
+        if set_truncated:
+            assert torch.equal(ours, theirs)
+        else:  # TorchRL runs on past the cut into trajectory 5
+            assert theirs[2].item() != 6.0
+            assert torch.equal(ours[3:], theirs[3:])
+
+
+def test_value_targets_ignore_padding():
+    from torchrl.objectives.value.functional import generalized_advantage_estimate
+
+    td = _two_trajectories(False)[:3].unsqueeze(0)  # one fragment: cut after 3 steps
+    padded = torch.cat([td, td[:, :1].clone().zero_()], 1)  # + 1 padding step
+    padded["collector", "mask"] = torch.tensor([[True, True, True, False]])
+    padded["next", "reward"][0, 3] = 100.0  # garbage on the padding
+    value = torch.zeros(1, 4, 1)
+    next_value = torch.tensor([[10.0, 10.0, 10.0, float("nan")]]).unsqueeze(-1)
+    ours = splice.targets.gae(padded, value, next_value, gamma=0.5, lmbda=1.0)[0]
+    theirs = generalized_advantage_estimate(
+        0.5, 1.0, value, next_value.nan_to_num(), padded["next", "reward"],
+        padded["next", "done"], padded["next", "terminated"],
+    )[0]  # fmt: skip
+    assert torch.equal(ours[0, :3].squeeze(-1), torch.tensor([10.5, 9.0, 6.0]))
+    assert ours[0, 3].item() == 0.0
+    assert theirs[0, 2].item() == 6.0 + 0.5 * 100.0  # the padding's reward leaked in
+
+
+def test_vec_gae_fails_at_lambda_zero():
+    from torchrl.objectives.value.functional import vec_generalized_advantage_estimate
+
+    td = _two_trajectories(True)
+    value, next_value = torch.zeros(5, 1), torch.full((5, 1), 10.0)
+    with pytest.raises(IndexError, match="tuple index out of range"):
+        vec_generalized_advantage_estimate(
+            0.5, 0.0, value, next_value, td["next", "reward"], td["next", "done"],
+            td["next", "terminated"],
+        )  # fmt: skip
+    ours = splice.targets.gae(td, value, next_value, gamma=0.5, lmbda=0.0)[0]
+    assert torch.equal(ours.squeeze(-1), torch.tensor([6.0, 6.0, 6.0, 6.0, 1.0]))

@@ -40,12 +40,14 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import numpy as np
 import torch
+from tensordict import TensorDict
 
 from splice import Collector, LazyTensorStorage, ReplayBuffer, SliceSampler
 from splice.examples.masked_cartpole import make_masked_cartpole
 from splice.examples.qnets import STATE_KEY, EpsilonGreedy, RecurrentQNet
-from splice.examples.r2d2 import Learner, R2D2Config, n_step_targets, train
+from splice.examples.r2d2 import Learner, R2D2Config, train
 from splice.replay import BURN_IN
+from splice.targets import n_step_return
 
 SMALL = os.environ.get("SPLICE_DOCS_BUDGET", "full") == "small"
 torch.manual_seed(0)
@@ -294,22 +296,23 @@ f"{ids.shape[0]} sequences, each inside a single episode"
 #
 # :class:`~splice.examples.r2d2.Learner` runs the network over each sequence from its
 # stored state, and regresses Q-values toward **n-step double-DQN targets**
-# (:func:`~splice.examples.r2d2.n_step_targets`): up to 5 rewards, then the target
+# (:func:`splice.targets.n_step_return`): up to 5 rewards, then the target
 # network's value of the state reached — unless the episode *terminated* there. A time-limit
 # *truncation* still bootstraps. The network input is ``obs[0]`` followed by every
 # ``("next", "observation")``: at an episode's end that is the true final observation
 # (splice never hands over the observation of the reset that follows).
 
-example = n_step_targets(
-    reward=torch.ones(1, 6),
-    terminated=torch.tensor([[False, False, True, False, False, False]]),
-    done=torch.tensor([[False, False, True, False, False, False]]),
-    mask=torch.ones(1, 6, dtype=torch.bool),
-    next_value=torch.full((1, 6), 10.0),
-    n=3,
-    gamma=0.9,
+ended = torch.tensor([False, False, True, False, False, False]).unsqueeze(-1)
+six_steps = TensorDict(
+    {
+        ("next", "reward"): torch.ones(6, 1),
+        ("next", "terminated"): ended,
+        ("next", "done"): ended,
+    },
+    batch_size=[6],
 )
-assert torch.isclose(example[0, 2], torch.tensor(1.0))  # terminated: no bootstrap
+example = n_step_return(six_steps, torch.full((6,), 10.0), n=3, gamma=0.9).squeeze(-1)
+assert torch.isclose(example[2], torch.tensor(1.0))  # terminated: no bootstrap
 example
 
 # %%

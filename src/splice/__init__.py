@@ -6,7 +6,7 @@ Examples:
     ['Collector', 'EnvError', 'LayoutError']
 """
 
-from splice import layout
+from splice import layout, targets
 from splice.collectors import Collector, TrajectoryIds
 from splice.envs import EnvError
 from splice.layout import LayoutError, validate_batch
@@ -43,5 +43,6 @@ __all__ = [
     "cat_trajectories",
     "layout",
     "split_trajectories",
+    "targets",
     "validate_batch",
 ]

@@ -1,4 +1,7 @@
-"""The ``splice`` command: ``splice train`` runs the recurrent DQN on velocity-masked CartPole.
+"""The ``splice`` command: ``splice train`` trains an agent on velocity-masked CartPole.
+
+``--algo r2d2`` (the default) runs the recurrent DQN of :mod:`splice.examples.r2d2`,
+``--algo ppo`` the recurrent PPO of :mod:`splice.examples.ppo`.
 
 Examples:
     >>> from splice.cli import build_parser
@@ -15,6 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from splice.examples.ppo import PPOConfig
 from splice.examples.r2d2 import AGENTS, R2D2Config, TrainResult
 
 __all__ = ["build_parser", "main"]
@@ -29,7 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     train = commands.add_parser(
         "train",
-        help="train a recurrent DQN on velocity-masked CartPole",
+        help="train a recurrent DQN (or PPO) on velocity-masked CartPole",
         description=(
             "Train an agent on CartPole-v1 with the velocities removed from the observation, "
             "evaluate it greedily over 20 episodes, and write the learning curve (PNG) and a "
@@ -43,18 +47,27 @@ def build_parser() -> argparse.ArgumentParser:
         help="recurrent (R2D2-style, default), mlp (no memory), naive (recurrent on fixed "
         "windows that cross episode ends), or all three in turn",
     )
+    train.add_argument(
+        "--algo",
+        choices=["r2d2", "ppo"],
+        default="r2d2",
+        help="r2d2 (recurrent DQN, default; --agent picks its variant) or ppo (recurrent PPO)",
+    )
     train.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    ppo = PPOConfig()
     train.add_argument(
         "--frames",
         type=int,
-        default=defaults.total_frames,
-        help=f"environment steps to collect (default {defaults.total_frames})",
+        default=None,
+        help=f"environment steps to collect (default {defaults.total_frames}, ppo "
+        f"{ppo.total_frames})",
     )
     train.add_argument(
         "--time-limit",
         type=float,
-        default=defaults.time_limit,
-        help=f"stop training after this many seconds (default {defaults.time_limit:.0f})",
+        default=None,
+        help=f"stop training after this many seconds (default {defaults.time_limit:.0f}, ppo "
+        f"{ppo.time_limit:.0f})",
     )
     train.add_argument("--output", type=Path, default=Path("outputs/train"), help="output folder")
     train.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -64,12 +77,15 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``splice`` console script."""
     args = build_parser().parse_args(argv)
+    given = {"total_frames": args.frames, "time_limit": args.time_limit}
+    given = {k: v for k, v in given.items() if v is not None}
+    if args.algo == "ppo":
+        run_one(PPOConfig(seed=args.seed, **given), args.output, quiet=args.quiet)
+        return 0
     agents = list(AGENTS) if args.agent == "all" else [args.agent]
     results: dict[str, TrainResult] = {}
     for agent in agents:
-        config = R2D2Config(
-            agent=agent, seed=args.seed, total_frames=args.frames, time_limit=args.time_limit
-        )
+        config = R2D2Config(agent=agent, seed=args.seed, **given)
         out = args.output / agent if len(agents) > 1 else args.output
         results[agent] = run_one(config, out, quiet=args.quiet)
     if len(agents) > 1:
@@ -78,9 +94,9 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def run_one(config: R2D2Config, output: Path, *, quiet: bool) -> TrainResult:
+def run_one(config: R2D2Config | PPOConfig, output: Path, *, quiet: bool) -> TrainResult:
     """Train one agent with a progress bar; write ``summary.json`` and ``learning_curve.png``."""
-    from splice.examples.r2d2 import train
+    from splice.examples import ppo, r2d2
 
     output.mkdir(parents=True, exist_ok=True)
     bar = None if quiet else _progress_bar(config)
@@ -101,7 +117,10 @@ def run_one(config: R2D2Config, output: Path, *, quiet: bool) -> TrainResult:
             bar.refresh()
 
     try:
-        result = train(config, progress=progress)
+        if isinstance(config, PPOConfig):
+            result: TrainResult = ppo.train(config, progress=progress)
+        else:
+            result = r2d2.train(config, progress=progress)
     finally:
         if bar is not None:
             bar.close()
@@ -149,7 +168,7 @@ def plot_curves(results: dict[str, TrainResult], path: Path) -> Path:
     return path
 
 
-def _progress_bar(config: R2D2Config) -> Any:
+def _progress_bar(config: R2D2Config | PPOConfig) -> Any:
     from splice.collectors._progress import require_tqdm
 
     tqdm = require_tqdm()
