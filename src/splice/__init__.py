@@ -7,7 +7,13 @@ Examples:
 """
 
 from splice import layout
-from splice.collectors import Collector, TrajectoryIds
+from splice.collectors import (
+    Collector,
+    MultiAsyncCollector,
+    MultiSyncCollector,
+    TrajectoryIds,
+    WorkerError,
+)
 from splice.envs import EnvError
 from splice.layout import LayoutError, validate_batch
 from splice.policies import PolicyError, RandomPolicy
@@ -30,6 +36,8 @@ __all__ = [
     "LayoutError",
     "LazyMemmapStorage",
     "LazyTensorStorage",
+    "MultiAsyncCollector",
+    "MultiSyncCollector",
     "PolicyError",
     "PrioritizedSliceSampler",
     "RandomPolicy",
@@ -39,6 +47,7 @@ __all__ = [
     "SliceSamplerWithoutReplacement",
     "TrajectoryAssembler",
     "TrajectoryIds",
+    "WorkerError",
     "cat_trajectories",
     "layout",
     "split_trajectories",
