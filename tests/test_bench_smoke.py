@@ -9,14 +9,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def run_quick(module: str) -> list[str]:
+def run_quick(module: str, timeout: float = 120) -> list[str]:
     """The stdout lines of ``python -m benchmarks.<module> --quick`` (which must succeed)."""
     out = subprocess.run(
         [sys.executable, "-m", f"benchmarks.{module}", "--quick"],
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=timeout,
         check=True,
     )
     return out.stdout.splitlines()
@@ -43,3 +43,18 @@ def test_bench_replay_quick() -> None:
     assert any("TorchRL SliceSampler(cache_values=True)" in line for line in lines)
     assert any("raw gather, precomputed slices" in line for line in lines)
     assert sum(line.startswith("| splice") for line in lines) >= 8
+
+
+def test_bench_parallel_quick() -> None:
+    lines = run_quick("bench_parallel", timeout=300)  # starts processes, TorchRL's too
+    for section in (
+        "## Worker start-up",
+        "## Scaling",
+        "## vs TorchRL",
+        "## Overhead",
+        "## Sample",
+    ):
+        assert any(line.startswith(section) for line in lines), section
+    assert any(line.startswith("| MultiSyncCollector ") and "x" in line for line in lines)
+    assert sum(line.startswith("| 1 env / worker") for line in lines) == 2
+    assert any(line.startswith("end: load average") for line in lines)
