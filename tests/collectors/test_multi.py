@@ -19,6 +19,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+from gymnasium.vector import AutoresetMode
 from tensordict import TensorDict, TensorDictBase
 
 from splice import (
@@ -42,8 +43,8 @@ KINDS = [MultiSyncCollector, MultiAsyncCollector]
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def counting(*lengths: int):
-    return lambda: counting_vec(list(lengths))
+def counting(*lengths: int, mode: AutoresetMode = AutoresetMode.NEXT_STEP):
+    return lambda: counting_vec(list(lengths), mode)
 
 
 def check_streams(batches: list[TensorDictBase]) -> dict[tuple[int, int], int]:
@@ -466,6 +467,38 @@ def test_split_trajs_and_state_dict(kind):
     del split
 
 
+@pytest.mark.parametrize("kind", KINDS)
+def test_reset_at_each_iter_init_random_frames_and_episode_log(kind):
+    policy = Constant()
+    with torch.no_grad():
+        policy.bias.fill_(1.0)  # always action 1 (and so reward 1)
+    sync = kind is MultiSyncCollector
+    with kind(
+        # SAME_STEP: no NEXT_STEP surplus carried into the next batch (it would come first)
+        counting(3, 100, mode=AutoresetMode.SAME_STEP),  # T = 4: the 3-step episode ends once
+        policy,
+        num_workers=2,
+        frames_per_batch=16 if sync else 8,
+        total_frames=96 if sync else 48,
+        reset_at_each_iter=True,
+        init_random_frames=32 if sync else 16,
+        track_episodes=True,
+        seed=0,
+    ) as c:
+        batches = list(c)
+    assert len(batches) == 6 and all(b.shape[-1] == 4 for b in batches)
+    for batch in batches:
+        assert bool(batch[IS_INIT][:, 0].all())  # every env restarted before the batch
+    by_policy = [bool((b["action"] == 1).all()) for b in batches]
+    assert by_policy.count(False) == 2  # the batches started before 2 batches' frames
+    if sync:
+        assert by_policy == [False, False, True, True, True, True]
+    # One 3-step episode per worker and batch ends (the 100-step ones never do).
+    returns = [r for _, r in c.episode_log]
+    assert len(returns) == 2 * 6 if sync else 6
+    assert max(returns) == 3.0 and min(returns) >= 0.0
+
+
 # ------------------------------------------------------------------------ arguments
 def test_bad_arguments_are_refused_before_any_process_starts():
     with pytest.raises(ValueError, match=r"backend must be one of \['inline', 'process'"):
@@ -494,6 +527,16 @@ def test_bad_arguments_are_refused_before_any_process_starts():
 
     with pytest.raises(TypeError, match="policy_factory"):
         MultiSyncCollector(counting(3), Unpicklable(), num_workers=1, frames_per_batch=4)
+
+
+def test_workers_may_start_processes_of_their_own():
+    """Workers are not daemonic: an AsyncVectorEnv (subprocesses) works inside them, and its
+    processes end with the collector (the fixture checks)."""
+    make = lambda: counting_vec([3, 4], asynchronous=True)  # noqa: E731
+    with MultiSyncCollector(make, num_workers=2, frames_per_batch=20, total_frames=40) as c:
+        batches = list(c)
+    assert len(batches) == 2
+    check_streams(batches)
 
 
 def test_spawn_start_method_works():

@@ -423,6 +423,8 @@ class ProcessPool(WorkerPool):
         self._fail(w, f"the worker process (pid {w.process.pid}) died unexpectedly: {how}")
 
     def _send(self, w: _Worker, message: tuple[Any, ...]) -> None:
+        if self._closed:
+            raise StopCollection  # a collection thread racing shutdown(): it just stops
         if w.state == _FAILED:
             assert w.failure is not None
             raise w.failure

@@ -447,6 +447,13 @@ class MultiSyncCollector(_MultiCollector):
     from ``numpy.random.SeedSequence(seed)``'s ``k``-th child (env resets, random actions and
     the torch RNG of its process).
 
+    ``total_frames``, ``num_envs``, ``env_kwargs``, ``max_frames_per_traj``,
+    ``init_random_frames``, ``reset_at_each_iter``, ``split_trajs``, ``set_truncated``,
+    ``trajs_per_batch``, ``traj_format``, ``drop_incomplete``, ``replay_buffer``, ``device``,
+    ``storing_device``, ``progress`` and ``track_episodes`` are :class:`~splice.Collector`'s
+    (``num_envs``/``env_kwargs`` apply to each worker's env id; ``device`` is where each
+    worker runs its policy).
+
     Args:
         create_env_fn: a list of zero-argument env factories (or env id strings), one per
             worker; or one of them and ``num_workers``. Factories may be lambdas or closures
@@ -458,11 +465,6 @@ class MultiSyncCollector(_MultiCollector):
         policy_factory: instead of ``policy``: called once in every worker (and once here, to
             hold the weights that :meth:`update_policy_weights_` sends).
         frames_per_batch: frames per batch, rounded up as above.
-        total_frames, num_envs, env_kwargs, max_frames_per_traj, init_random_frames,
-            reset_at_each_iter, split_trajs, set_truncated, trajs_per_batch, traj_format,
-            drop_incomplete, replay_buffer, device, storing_device, progress, track_episodes:
-            as for :class:`~splice.Collector` (``num_envs``/``env_kwargs`` apply to each
-            worker's env id; ``device`` is where each worker runs its policy).
         seed: makes the run reproducible (see above).
         worker_ids: the id spaces of the workers (distinct ints, see
             :mod:`splice.collectors.ids`); by default the next unused spaces of this process.
