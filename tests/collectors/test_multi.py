@@ -679,7 +679,7 @@ if __name__ == "__main__":
     b.start()
     time.sleep(1)
     print(" ".join(str(i.pid) for i in a.worker_info + b.worker_info), flush=True)
-    # no shutdown: interpreter exit must end every worker
+    print(time.time(), flush=True)  # no shutdown: interpreter exit must end every worker
 """
 
 
@@ -691,9 +691,12 @@ def test_interpreter_exit_ends_every_worker(tmp_path):
     out = subprocess.run(
         [sys.executable, str(script)], capture_output=True, text=True, timeout=100, env=env
     )
+    exited = time.time()
     assert out.returncode == 0, out.stderr
-    pids = [int(p) for p in out.stdout.split()]
+    pid_line, end_line = out.stdout.split("\n")[:2]
+    pids = [int(p) for p in pid_line.split()]
     assert len(pids) == 4
+    assert exited - float(end_line) < 12  # the exit hook ended the blocked worker in time
     wait_for(lambda: not any(Path(f"/proc/{pid}").exists() for pid in pids), timeout=5)
     assert time.monotonic() - start < 90
 

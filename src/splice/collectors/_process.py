@@ -234,10 +234,17 @@ EXIT_TIMEOUT = 10.0
 
 
 def _close_at_exit() -> None:
-    for pool in list(_live_pools):
+    """Close every open pool within ``EXIT_TIMEOUT`` in all (not per pool): every worker is
+    asked to stop first, then the pools are closed against one shared deadline."""
+    start = time.monotonic()
+    pools = list(_live_pools)
+    for pool in pools:
         pool.interrupt()
         with contextlib.suppress(Exception):
-            pool.close(EXIT_TIMEOUT)
+            pool.ask_to_close()
+    for pool in pools:
+        with contextlib.suppress(Exception):
+            pool.close(EXIT_TIMEOUT, since=start)
 
 
 # Registered after multiprocessing's own exit hook (imported above), so it runs BEFORE it:
@@ -303,6 +310,8 @@ class ProcessPool(WorkerPool):
         self._seq = itertools.count()
         self._lock = threading.RLock()
         self._closed = False
+        self._asked_to_close = False
+        self._busy_at_close: set[int] = set()
 
     # ------------------------------------------------------------- processes
     def _launch(self, index: int, spec_bytes: bytes) -> _Worker:
@@ -525,23 +534,40 @@ class ProcessPool(WorkerPool):
         assert new.info is not None
         return new.info
 
-    def close(self, timeout: float) -> list[int]:
+    def ask_to_close(self) -> None:
+        """Send every live worker ``"close"`` (once); :meth:`close` then waits for them."""
+        with self._lock:
+            if self._asked_to_close:
+                return
+            self._asked_to_close = True
+            self._busy_at_close = {w.index for w in self._workers if w.state == _BUSY}
+            for w in self._workers:
+                if w.state not in (_FAILED, _CLOSED) and w.process.exitcode is None:
+                    with contextlib.suppress(BrokenPipeError, OSError):
+                        w.conn.send(("close",))
+
+    def close(self, timeout: float, *, since: float | None = None) -> list[int]:
+        """See :meth:`WorkerPool.close`; the phases (60% of ``timeout`` to stop by
+        themselves, then terminate, then kill at 90%) count from ``since`` (a
+        ``time.monotonic()`` value; default now)."""
         if self._closed:
             return []
         self.interrupted = True  # a thread waiting in wait() leaves it
+        start = time.monotonic() if since is None else since
+        self.ask_to_close()
         with self._lock:
             self._closed = True
             _live_pools.discard(self)
-            start = time.monotonic()
             live = [w for w in self._workers if w.process.exitcode is None]
-            busy_at_close = {w.index for w in live if w.state == _BUSY}
-            for w in live:
-                if w.state not in (_FAILED, _CLOSED):
-                    with contextlib.suppress(BrokenPipeError, OSError):
-                        w.conn.send(("close",))
+            busy_at_close = self._busy_at_close
             # 1. Let them finish their batch and say goodbye.
             while live and time.monotonic() < start + 0.6 * timeout:
-                self._pump(live, _POLL)
+                conns = {w.conn: w for w in live if w.state not in (_FAILED, _CLOSED)}
+                left = start + 0.6 * timeout - time.monotonic()
+                handles = [*conns, *(w.process.sentinel for w in live)]
+                for ready in connection.wait(handles, max(0.0, min(_POLL, left))):
+                    if ready in conns:
+                        self._receive(conns[ready])  # drain: "batch", "closed"
                 live = [w for w in live if w.process.exitcode is None]
             forced = sorted(w.index for w in live if w.index in busy_at_close)
             # 2. Terminate, 3. kill what is left.
