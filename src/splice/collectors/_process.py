@@ -564,7 +564,7 @@ class ProcessPool(WorkerPool):
             while live and time.monotonic() < start + 0.6 * timeout:
                 conns = {w.conn: w for w in live if w.state not in (_FAILED, _CLOSED)}
                 left = start + 0.6 * timeout - time.monotonic()
-                handles = [*conns, *(w.process.sentinel for w in live)]
+                handles: list[Any] = [*conns, *(w.process.sentinel for w in live)]
                 for ready in connection.wait(handles, max(0.0, min(_POLL, left))):
                     if ready in conns:
                         self._receive(conns[ready])  # drain: "batch", "closed"
