@@ -32,7 +32,7 @@ from splice import (
 )
 from splice.collectors.ids import ID_BITS, worker_of
 from splice.layout import CUT, DONE, IS_INIT, MASK, TRAJ_IDS
-from splice.testing import CountingEnv, counting_vec
+from splice.testing import ConstantPolicy, CountingEnv, counting_vec
 
 pytestmark = pytest.mark.timeout(120)
 # Classes and functions of this module travel to the workers by value (the workers cannot
@@ -106,18 +106,6 @@ class BlockingEnv(CountingEnv):
             Path(self.marker).touch()
             time.sleep(3600)
         return super().step(action)
-
-
-class Constant(torch.nn.Module):
-    """Plays ``bias > 0`` (0 or 1) everywhere: the weights in use are visible in the data."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.bias = torch.nn.Parameter(torch.zeros(()))
-
-    def forward(self, td):
-        td["action"] = (self.bias > 0).long().expand(td.batch_size).clone()
-        return td
 
 
 class GRUPolicy(torch.nn.Module):
@@ -259,7 +247,7 @@ def test_background_honours_total_frames(kind, list_buffer):
 
 
 def test_sync_weights_apply_to_the_next_batch():
-    policy = Constant()
+    policy = ConstantPolicy()
     with MultiSyncCollector(
         counting(50), policy, num_workers=2, frames_per_batch=10, total_frames=60
     ) as c:
@@ -276,7 +264,7 @@ def test_sync_weights_apply_to_the_next_batch():
 
 
 def test_async_weights_staleness_is_one_batch_per_worker_at_most():
-    policy = Constant()
+    policy = ConstantPolicy()
     with MultiAsyncCollector(
         counting(1000), policy, num_workers=2, frames_per_batch=10, total_frames=400
     ) as c:
@@ -298,7 +286,7 @@ def test_async_weights_staleness_is_one_batch_per_worker_at_most():
 @pytest.mark.parametrize("kind", KINDS)
 def test_weight_updates_while_collecting_drop_nothing(kind, list_buffer):
     rb = list_buffer
-    policy = Constant()
+    policy = ConstantPolicy()
     collector = kind(counting(1000), policy, num_workers=2, frames_per_batch=10, replay_buffer=rb)
     collector.start()
     for value in [1.0, -1.0] * 10:
@@ -400,14 +388,14 @@ def test_policy_factory_builds_the_policy_in_each_worker_with_the_callers_weight
     torch.manual_seed(0)
     with MultiSyncCollector(
         counting(1000),
-        policy_factory=Constant,
+        policy_factory=ConstantPolicy,
         num_workers=2,
         frames_per_batch=10,
         total_frames=20,
     ) as c:
         it = iter(c)
         assert int(next(it)["action"].max()) == 0
-        assert isinstance(c.policy, Constant)  # the caller's copy holds the weights
+        assert isinstance(c.policy, ConstantPolicy)  # the caller's copy holds the weights
         c.update_policy_weights_({"bias": torch.tensor(1.0)})
         assert int(next(it)["action"].min()) == 1
 
@@ -469,7 +457,7 @@ def test_split_trajs_and_state_dict(kind):
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_reset_at_each_iter_init_random_frames_and_episode_log(kind):
-    policy = Constant()
+    policy = ConstantPolicy()
     with torch.no_grad():
         policy.bias.fill_(1.0)  # always action 1 (and so reward 1)
     sync = kind is MultiSyncCollector
@@ -511,7 +499,11 @@ def test_bad_arguments_are_refused_before_any_process_starts():
         MultiSyncCollector([counting(3)] * 2, num_workers=3, frames_per_batch=4)
     with pytest.raises(ValueError, match="policy or policy_factory"):
         MultiSyncCollector(
-            counting(3), Constant(), num_workers=1, policy_factory=Constant, frames_per_batch=4
+            counting(3),
+            ConstantPolicy(),
+            num_workers=1,
+            policy_factory=ConstantPolicy,
+            frames_per_batch=4,
         )
     with pytest.raises(ValueError, match="frames_per_batch"):
         MultiAsyncCollector(counting(3), num_workers=1, frames_per_batch=0)
@@ -654,7 +646,7 @@ import sys, time
 import gymnasium as gym
 sys.path.insert(0, {tests!r})
 from splice import MultiAsyncCollector, MultiSyncCollector
-from splice.testing import counting_vec
+from splice.testing import ConstantPolicy, counting_vec
 
 class Buffer:
     def __init__(self):

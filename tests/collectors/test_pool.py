@@ -21,22 +21,12 @@ from splice.collectors._worker import WorkerSpec, policy_weights
 from splice.collectors.background import StopCollection
 from splice.collectors.ids import worker_of
 from splice.layout import IS_INIT, TRAJ_IDS
-from splice.testing import CountingEnv, counting_vec
+from splice.testing import ConstantPolicy, CountingEnv, counting_vec
 
 pytestmark = pytest.mark.timeout(120)
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 BACKEND_NAMES = ["inline", "process"]
-
-
-class Constant(torch.nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.bias = torch.nn.Parameter(torch.zeros(()))
-
-    def forward(self, td):
-        td["action"] = (self.bias > 0).long().expand(td.batch_size).clone()
-        return td
 
 
 class Exploding(CountingEnv):
@@ -91,7 +81,7 @@ def test_request_wait_take_and_states(backend):
 
 
 def test_weights_reach_every_worker_before_its_next_batch(backend):
-    policy = Constant()
+    policy = ConstantPolicy()
     pool = make_pool(backend, make_specs(2, policy=policy), policy_weights(policy), {})
     try:
         pool.start(timeout=120)
