@@ -507,6 +507,8 @@ def test_bad_arguments_are_refused_before_any_process_starts():
         )
     with pytest.raises(ValueError, match="frames_per_batch"):
         MultiAsyncCollector(counting(3), num_workers=1, frames_per_batch=0)
+    with pytest.raises(ValueError, match="no option"):
+        MultiSyncCollector(counting(3), num_workers=1, frames_per_batch=4, backend_options={"x": 1})
     with pytest.raises(ValueError, match="mp_start_method"):
         MultiSyncCollector(counting(3), num_workers=1, frames_per_batch=4, mp_start_method="fork")
 

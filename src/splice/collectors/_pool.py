@@ -14,12 +14,14 @@ needs a ready one and makes it idle again. The batch :meth:`~WorkerPool.take` re
 a view of memory the worker reuses: it stays valid until the next ``request`` to that worker,
 and the collector copies it out before that.
 
-Backends are registered by name in :data:`BACKENDS` (``"process"``, ``"inline"``; a Ray
-backend adds ``"ray"``); :func:`make_pool` builds one.
+Backends are registered by name in :data:`BACKENDS` (``"inline"`` here; ``"process"`` by its
+module, imported on first use through :data:`LAZY_BACKENDS`; a Ray backend adds ``"ray"`` the
+same way); :func:`make_pool` builds one, passing the collector's ``backend_options``.
 """
 
 from __future__ import annotations
 
+import importlib
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
@@ -39,6 +41,7 @@ from splice.collectors.background import StopCollection
 
 __all__ = [
     "BACKENDS",
+    "LAZY_BACKENDS",
     "InlinePool",
     "PoolFactory",
     "WorkerBatch",
@@ -185,18 +188,19 @@ def make_pool(
     return BACKENDS[backend](specs, weights, options)
 
 
+#: Backends whose module registers them when first asked for (so that e.g. ``ray`` is imported
+#: only by the collectors that use it): name -> module.
+LAZY_BACKENDS: dict[str, str] = {"process": "splice.collectors._process"}
+
+
 def check_backend(backend: Any) -> None:
-    """Raise a ``ValueError`` naming the supported backends if ``backend`` is not one."""
-    _load_builtin_backends()
+    """Raise a ``ValueError`` naming the supported backends if ``backend`` is not one (a lazy
+    backend's module is imported here)."""
+    if isinstance(backend, str) and backend not in BACKENDS and backend in LAZY_BACKENDS:
+        importlib.import_module(LAZY_BACKENDS[backend])
     if not isinstance(backend, str) or backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {sorted(BACKENDS)}, got {backend!r}")
-
-
-def _load_builtin_backends() -> None:
-    if "process" not in BACKENDS:
-        from splice.collectors import _process  # registers "process"
-
-        assert "process" in BACKENDS, _process
+        names = sorted({*BACKENDS, *LAZY_BACKENDS})
+        raise ValueError(f"backend must be one of {names}, got {backend!r}")
 
 
 class InlinePool(WorkerPool):

@@ -621,9 +621,13 @@ def _pickle_spec(spec: WorkerSpec) -> bytes:
         ) from error
 
 
-register_backend(
-    "process",
-    lambda specs, weights, options: ProcessPool(
-        specs, weights, start_method=options.get("start_method", "forkserver")
-    ),
-)
+def _make(
+    specs: Sequence[WorkerSpec], weights: TensorDictBase | None, options: dict[str, Any]
+) -> ProcessPool:
+    unknown = set(options) - {"start_method"}
+    if unknown:
+        raise ValueError(f"the process backend takes no option {sorted(unknown)}")
+    return ProcessPool(specs, weights, start_method=options.get("start_method", "forkserver"))
+
+
+register_backend("process", _make)

@@ -139,6 +139,7 @@ class _MultiCollector(CollectorBase):
         progress: bool = False,
         track_episodes: bool = False,
         backend: str = "process",
+        backend_options: dict[str, Any] | None = None,
         restart_workers: bool = False,
         mp_start_method: str = "forkserver",
         num_sub_threads: int = 1,
@@ -168,6 +169,8 @@ class _MultiCollector(CollectorBase):
                 f"{type(policy_factory).__name__}"
             )
         check_backend(backend)
+        if backend_options is not None and not isinstance(backend_options, dict):
+            raise TypeError(f"backend_options must be a dict, got {type(backend_options).__name__}")
         if progress:
             require_tqdm()
         if not isinstance(restart_workers, bool):
@@ -218,9 +221,8 @@ class _MultiCollector(CollectorBase):
         self._granting = True
         self._close_timeout = SHUTDOWN_TIMEOUT
         started = time.perf_counter()
-        self._pool: WorkerPool = make_pool(
-            backend, specs, weights, {"start_method": mp_start_method}
-        )
+        options = {"start_method": mp_start_method, **(backend_options or {})}
+        self._pool: WorkerPool = make_pool(backend, specs, weights, options)
         try:
             self.worker_info: list[WorkerInfo] = self._pool.start(start_timeout)
             #: Seconds it took to start every worker and build their envs.
@@ -471,6 +473,8 @@ class MultiSyncCollector(_MultiCollector):
             Give distinct ones to collectors in different processes or machines.
         backend: ``"process"`` (one process per worker) or ``"inline"`` (every worker in this
             process, one after another: for debugging).
+        backend_options: options for the backend (as TorchRL's ``backend_options``); the
+            process backend takes none besides ``mp_start_method``.
         restart_workers: when a worker fails, replace it and go on (counted in
             :attr:`restarted_workers`, with a ``RuntimeWarning``) instead of raising
             :class:`~splice.WorkerError`.
