@@ -38,14 +38,17 @@ def _cmdline(pid: int) -> bytes:
 
 def live_descendants() -> set[int]:
     """Every process below this one, except multiprocessing's helpers themselves (but
-    including the processes forked by the fork server). Zombies do not count."""
+    including the processes forked by the fork server, which share its command line).
+    Zombies do not count."""
     children = _children_of()
     found: set[int] = set()
-    todo = [os.getpid()]
+    todo = [(os.getpid(), False)]  # (pid, is a helper)
     while todo:
-        for child in children.get(todo.pop(), []):
-            todo.append(child)
-            if any(helper in _cmdline(child) for helper in _HELPERS):
+        parent, parent_is_helper = todo.pop()
+        for child in children.get(parent, []):
+            helper = not parent_is_helper and any(h in _cmdline(child) for h in _HELPERS)
+            todo.append((child, helper))
+            if helper:
                 continue
             try:
                 state = Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1].split()[0]
