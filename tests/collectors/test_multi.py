@@ -125,6 +125,14 @@ class GRUPolicy(torch.nn.Module):
         return td
 
 
+class SlowEnv(CountingEnv):
+    """Takes 1 ms per step (so that a run lasts long enough to be interrupted)."""
+
+    def step(self, action):
+        time.sleep(0.001)
+        return super().step(action)
+
+
 def sampling_policy(td):
     """Samples its action from torch's global RNG (so the worker's torch seed shows)."""
     td["action"] = torch.randint(0, 2, td.batch_size)
@@ -740,3 +748,24 @@ def test_restart_workers_replaces_a_worker_whose_env_raised(tmp_path):
         batches = list(c)
     assert c.restarted_workers == 1 and len(batches) == 6
     assert all(b.batch_size == torch.Size([2, 5]) for b in batches)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_restart_workers_in_background_keeps_the_budget(kind, list_buffer):
+    collector = kind(
+        vec(lambda: SlowEnv(length=50)),
+        num_workers=2,
+        frames_per_batch=10,
+        total_frames=2_000,  # >= 1 s per worker: the kill comes well before the end
+        restart_workers=True,
+        replay_buffer=list_buffer,
+    )
+    pid = collector.worker_info[1].pid
+    with pytest.warns(RuntimeWarning, match="replaced"):
+        collector.start()
+        wait_for(lambda: len(list_buffer) >= 40)
+        os.kill(pid, signal.SIGKILL)
+        collector.wait(timeout=60)
+    collector.shutdown()
+    assert collector.restarted_workers == 1 and collector.worker_info[1].pid != pid
+    assert len(list_buffer) == collector.frames == 2_000  # the lost batch was collected again

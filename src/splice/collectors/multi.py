@@ -277,6 +277,7 @@ class _MultiCollector(CollectorBase):
                 f"{info.batched}); the failed one had {old.num_envs} ({old.batched})"
             ) from error
         self._specs[i] = spec
+        self.worker_info[i] = info
         self._ids_states[i] = {"worker_id": space, "next": 0}
         self._reported_frames[i] = 0
         self.restarted_workers += 1
@@ -304,12 +305,17 @@ class _MultiCollector(CollectorBase):
         self._granted += self._worker_frames(worker)
 
     def _wait(self, workers: list[int]) -> list[int]:
+        """The ready ones among ``workers``; a failed worker is replaced (or its error raised)
+        and waited for again if it was given a new request; ``[]`` if none is left."""
         while True:
             try:
                 return self._pool.wait(workers)
             except WorkerError as error:
                 self._replace(error)
                 self._after_replace(error.worker)
+                workers = [i for i in workers if i in self._in_flight]
+                if not workers:
+                    return []
 
     def _after_replace(self, worker: int) -> None:
         """Re-issue what the failed worker owed (subclasses)."""
@@ -636,7 +642,12 @@ class MultiAsyncCollector(_MultiCollector):
 
     def _collect_one(self, random_actions: bool) -> tuple[TensorDict, np.ndarray]:
         self._grant()
-        i = self._wait(sorted(self._in_flight))[0]
+        ready: list[int] = []
+        while not ready:
+            if not self._in_flight:  # a replaced worker's lost batch was the last one owed
+                raise StopCollection
+            ready = self._wait(sorted(self._in_flight))
+        i = ready[0]
         part = self._take(i)
         batch = self._copy_out(part.batch.clone())  # before the worker gets its next grant
         self._grant()
