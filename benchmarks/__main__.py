@@ -11,6 +11,7 @@ import sys
 from benchmarks import (
     bench_collector,
     bench_envs,
+    bench_parallel,
     bench_replay,
     bench_targets,
     bench_trajectories,
@@ -22,6 +23,7 @@ for name, module in [
     ("replay", bench_replay),
     ("targets", bench_targets),
     ("envs", bench_envs),
+    ("parallel", bench_parallel),
 ]:
     print(f"\n# {name}\n", flush=True)
     sys.argv = [f"benchmarks.bench_{name}", *sys.argv[1:]]

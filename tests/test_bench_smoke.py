@@ -10,14 +10,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def run_quick(module: str, *args: str) -> list[str]:
+def run_quick(module: str, *args: str, timeout: float = 120) -> list[str]:
     """The stdout lines of ``python -m benchmarks.<module> --quick`` (which must succeed)."""
     out = subprocess.run(
         [sys.executable, "-m", f"benchmarks.{module}", "--quick", *args],
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=timeout,
         check=True,
     )
     return out.stdout.splitlines()
@@ -69,3 +69,18 @@ def test_bench_ppo_vs_sb3_quick(tmp_path: Path) -> None:
     assert any(line.startswith("| sb3 ") for line in lines)
     assert any(line.startswith("| splice ") for line in lines)
     assert {p.name for p in tmp_path.iterdir()} == {"sb3_s0.json", "splice_s0.json"}
+
+
+def test_bench_parallel_quick() -> None:
+    lines = run_quick("bench_parallel", timeout=300)  # starts processes, TorchRL's too
+    for section in (
+        "## Worker start-up",
+        "## Scaling",
+        "## vs TorchRL",
+        "## Overhead",
+        "## Sample",
+    ):
+        assert any(line.startswith(section) for line in lines), section
+    assert any(line.startswith("| MultiSyncCollector ") and "x" in line for line in lines)
+    assert sum(line.startswith("| 1 env / worker") for line in lines) == 2
+    assert any(line.startswith("end: load average") for line in lines)

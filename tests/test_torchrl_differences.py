@@ -91,6 +91,13 @@ def test_argument_names_map_one_to_one():
     }  # fmt: skip
     assert collector_shared <= params(TSingle.__init__) & params(Collector.__init__)
     assert "create_env_fn" in params(TSingle.__init__) and "env" in params(Collector.__init__)
+    from torchrl.collectors._multi_base import MultiCollector  # MultiAsync forwards to it
+
+    multi_shared = collector_shared | {
+        "create_env_fn", "num_workers", "policy_factory", "num_sub_threads",
+    }  # fmt: skip
+    for s_multi in (splice.MultiSyncCollector, splice.MultiAsyncCollector):
+        assert multi_shared <= params(MultiCollector.__init__) & params(s_multi.__init__)
     slice_shared = {
         "num_slices", "slice_len", "end_key", "traj_key", "truncated_key", "init_key",
         "strict_length", "pad_output", "cache_values",
@@ -317,6 +324,64 @@ def test_traj_format_default_warning():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         next(iter(s_collector(total_frames=200, trajs_per_batch=1)))
+
+
+# ----------------------------------------------------------------- multi-process
+def _t_cartpole():
+    return GymEnv("CartPole-v1")
+
+
+def _t_two_cartpoles():
+    from torchrl.envs import SerialEnv
+
+    return SerialEnv(2, _t_cartpole)
+
+
+def _s_two_cartpoles():
+    return gym.make_vec("CartPole-v1", num_envs=2, vectorization_mode="sync")
+
+
+@pytest.mark.timeout(600)  # TorchRL's workers take ~20 s to start on a loaded 2-core machine
+def test_multi_sync_layout_and_ids():
+    from torchrl.collectors import MultiSyncCollector as TMultiSync
+
+    tc = TMultiSync([_t_two_cartpoles] * 2, None, frames_per_batch=40, total_frames=40)
+    (t_batch,) = list(tc)
+    tc.shutdown()
+    assert t_batch.batch_size == torch.Size([2, 2, 10])  # stacked: [workers, envs, T]
+    t_ids = t_batch["collector", "traj_ids"][..., 0].flatten().tolist()
+    assert sorted(t_ids) == [0, 1, 2, 3]  # one counter shared by every env of every worker
+    with splice.MultiSyncCollector(
+        [_s_two_cartpoles] * 2, frames_per_batch=40, total_frames=40
+    ) as sc:
+        (s_batch,) = list(sc)
+    assert s_batch.batch_size == torch.Size([4, 10])  # env rows concatenated: [B_total, T]
+    spaces = splice.collectors.ids.worker_of(s_batch["collector", "traj_ids"][:, 0]).tolist()
+    assert spaces[0] == spaces[1] != spaces[2] == spaces[3]  # an id space per worker
+
+
+@pytest.mark.timeout(600)
+def test_multi_start_honours_total_frames():
+    from torchrl.collectors import MultiSyncCollector as TMultiSync
+
+    trb = TReplayBuffer(storage=TStorage(100_000))
+    tc = TMultiSync(
+        [_t_cartpole] * 2, None, frames_per_batch=20, total_frames=40, replay_buffer=trb
+    )
+    tc.start()
+    deadline = time.monotonic() + 120
+    while len(trb) <= 200 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    tc.async_shutdown()
+    assert len(trb) > 200  # far past total_frames=40: the workers run until shutdown
+    rb = ReplayBuffer(storage=LazyTensorStorage(100_000))
+    sc = splice.MultiSyncCollector(
+        [_s_two_cartpoles] * 2, frames_per_batch=20, total_frames=40, replay_buffer=rb
+    )
+    sc.start()
+    sc.wait(timeout=60)
+    sc.shutdown()
+    assert len(rb) == rb.write_count == 40 == sum(sc.worker_frames)
 
 
 # ----------------------------------------------------------------- replay

@@ -7,7 +7,13 @@ Examples:
 """
 
 from splice import layout, targets
-from splice.collectors import Collector, TrajectoryIds
+from splice.collectors import (
+    Collector,
+    MultiAsyncCollector,
+    MultiSyncCollector,
+    TrajectoryIds,
+    WorkerError,
+)
 from splice.envs import EnvError
 from splice.layout import LayoutError, validate_batch
 from splice.policies import PolicyError, RandomPolicy, as_policy
@@ -30,6 +36,8 @@ __all__ = [
     "LayoutError",
     "LazyMemmapStorage",
     "LazyTensorStorage",
+    "MultiAsyncCollector",
+    "MultiSyncCollector",
     "PolicyError",
     "PrioritizedSliceSampler",
     "RandomPolicy",
@@ -39,6 +47,7 @@ __all__ = [
     "SliceSamplerWithoutReplacement",
     "TrajectoryAssembler",
     "TrajectoryIds",
+    "WorkerError",
     "as_policy",
     "cat_trajectories",
     "layout",

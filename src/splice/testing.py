@@ -59,6 +59,7 @@ from splice.layout import (
 
 __all__ = [
     "ENV_ZOO",
+    "ConstantPolicy",
     "CountingEnv",
     "EnvFamily",
     "SyntheticStream",
@@ -482,3 +483,29 @@ ENV_ZOO = [
         mode=AutoresetMode.DISABLED,
     ),
 ]
+
+
+class ConstantPolicy(torch.nn.Module):
+    """A TensorDict policy whose weights show in the data: every action is ``bias > 0`` (0 or
+    1) for one parameter ``bias`` (0 at first), so which weights collected a batch can be read
+    off its actions (weight updates, staleness).
+
+    Examples:
+        >>> import torch
+        >>> from tensordict import TensorDict
+        >>> policy = ConstantPolicy()
+        >>> policy(TensorDict({}, batch_size=[3]))["action"]
+        tensor([0, 0, 0])
+        >>> policy.load_state_dict({"bias": torch.tensor(1.0)})
+        <All keys matched successfully>
+        >>> policy(TensorDict({}, batch_size=[3]))["action"]
+        tensor([1, 1, 1])
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bias = torch.nn.Parameter(torch.zeros(()))
+
+    def forward(self, td: TensorDictBase) -> TensorDictBase:
+        td["action"] = (self.bias > 0).long().expand(td.batch_size).clone()
+        return td

@@ -14,7 +14,7 @@ from tensordict import TensorDict
 
 from splice import Collector, LazyTensorStorage, ReplayBuffer
 from splice.layout import CUT, MASK
-from splice.testing import counting_vec
+from splice.testing import ConstantPolicy, counting_vec
 
 
 def _wait_for(cond, timeout=10.0):
@@ -112,23 +112,13 @@ def test_start_needs_a_buffer_and_iteration_is_refused_while_running(list_buffer
     c.shutdown()
 
 
-class Constant(torch.nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.bias = torch.nn.Parameter(torch.zeros(()))
-
-    def forward(self, td):
-        td["action"] = (self.bias > 0).long().expand(td.batch_size).clone()
-        return td
-
-
 def test_update_policy_weights_in_background(list_buffer):
     rb = list_buffer
-    policy = Constant()
+    policy = ConstantPolicy()
     c = Collector(counting_vec([1000]), policy, frames_per_batch=10, replay_buffer=rb)
     c.start()
     _wait_for(lambda: len(rb) >= 30)
-    new = Constant()
+    new = ConstantPolicy()
     with torch.no_grad():
         new.bias.fill_(1.0)
     c.update_policy_weights_(new)
@@ -143,7 +133,7 @@ def test_update_policy_weights_in_background(list_buffer):
 
 
 def test_update_policy_weights_forms():
-    policy = Constant()
+    policy = ConstantPolicy()
     c = Collector(counting_vec([1000]), policy, frames_per_batch=10, total_frames=40)
     it = iter(c)
     assert int(next(it)["action"].max()) == 0

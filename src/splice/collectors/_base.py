@@ -51,7 +51,8 @@ class CollectorBase(ABC):
 
     Subclasses implement :meth:`_collect_one`, :meth:`_reset_envs`, :meth:`_restart`,
     :meth:`_close`, :meth:`_sync_weights`, :attr:`num_envs`, :meth:`_ids_state` and
-    :meth:`_load_ids_state`.
+    :meth:`_load_ids_state`; a source with batches in flight (worker processes) also
+    overrides :meth:`_finish_in_flight` and :attr:`_policy_in_collection_thread`.
 
     **Frame accounting.** Every collected frame is accounted for: ``frames`` equals the frames
     delivered (yielded, and written to ``replay_buffer`` when there is one) plus
@@ -139,6 +140,16 @@ class CollectorBase(ABC):
     @abstractmethod
     def _sync_weights(self) -> None:
         """Make the caller's policy weights effective where the policy runs."""
+
+    #: Whether the collection thread runs :attr:`policy` itself: weights passed to
+    #: :meth:`update_policy_weights_` during background collection are then loaded by that
+    #: thread between two batches; otherwise (workers run copies) they are loaded at once.
+    _policy_in_collection_thread = True
+
+    def _finish_in_flight(self) -> None:
+        """At the end of background collection: collect and store (with :meth:`_produce`) the
+        batches already requested from workers, so that none is lost. Nothing by default."""
+        return
 
     # --------------------------------------------------------------- properties
     @property
@@ -306,10 +317,11 @@ class CollectorBase(ABC):
             )
         if self._runner is not None and self._runner.alive:
             self._runner.check()
-            with self._weights_lock:
-                self._pending_weights = new
-        else:
-            self._load_weights(new)
+            if self._policy_in_collection_thread:
+                with self._weights_lock:
+                    self._pending_weights = new
+                return
+        self._load_weights(new)
 
     def _apply_pending_weights(self) -> None:
         if self._pending_weights is None:
@@ -356,11 +368,14 @@ class CollectorBase(ABC):
             return True
 
         def on_exit() -> None:
-            if self._assembler is not None:
-                self._final()  # a stop request also flushes (or drops) what is in flight
-            if self._bar is not None:
-                self._bar.close()
-                self._bar = None
+            try:
+                self._finish_in_flight()  # batches workers are still collecting are stored too
+            finally:
+                if self._assembler is not None:
+                    self._final()  # a stop request also flushes (or drops) what is in flight
+                if self._bar is not None:
+                    self._bar.close()
+                    self._bar = None
 
         self._runner = BackgroundRunner(step, on_exit=on_exit)
         _shut_down_at_exit(self)

@@ -25,7 +25,12 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
-__all__ = ["BackgroundRunner"]
+__all__ = ["BackgroundRunner", "StopCollection"]
+
+
+class StopCollection(Exception):
+    """Raised by a ``step`` to end background collection early and cleanly (not an error):
+    e.g. a multi-worker collector whose workers are being shut down while it waits for them."""
 
 
 class BackgroundRunner:
@@ -78,6 +83,8 @@ class BackgroundRunner:
                     continue
                 if not self._step():
                     break
+        except StopCollection:
+            pass
         except BaseException as error:  # relayed to the caller by join()/check()
             self._error = error
         finally:
