@@ -22,7 +22,7 @@ test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
-	$(BIN)/pytest
+	$(BIN)/python -m pytest
 
 ## docs: the documentation site, tutorials executed at full size (open docs/_build/html/index.html)
 docs: $(STAMP)
