@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import threading
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from tensordict import TensorDict, TensorDictBase
@@ -15,12 +15,10 @@ from splice.collectors.background import BackgroundRunner
 from splice.collectors.ids import TrajectoryIds
 from splice.collectors.rollout import RolloutLoop
 from splice.envs import EnvLike, make_adapter
-from splice.layout import MASK, PADDING_ID, TRAJ_IDS
+from splice.layout import MASK, PADDING_ID, TRAJ_IDS, TrajFormat
 from splice.trajectories import TrajectoryAssembler, split_trajectories
 
 __all__ = ["Collector"]
-
-TrajFormat = Literal["padded", "cat"]
 
 
 def _positive_int(name: str, value: Any) -> int:
@@ -243,6 +241,7 @@ class Collector:
         self._pending_weights: Any = None
         self._weights_lock = threading.Lock()
         self._closed = False
+        self._next_iter: Iterator[TensorDictBase] | None = None
 
     # --------------------------------------------------------------- properties
     @property
@@ -352,6 +351,67 @@ class Collector:
             if not self._budget_left() and self._bar is not None:
                 self._bar.close()
                 self._bar = None
+
+    def next(self) -> TensorDictBase | None:
+        """The next batch (as TorchRL's ``collector.next()``), or None once ``total_frames``
+        is reached. Successive calls continue one iteration.
+
+        Raises:
+            RuntimeError: while collecting in the background.
+        """
+        if self._next_iter is None:
+            self._next_iter = iter(self)
+        try:
+            return next(self._next_iter)
+        except StopIteration:
+            return None
+
+    def reset(self) -> None:
+        """Start over: the envs are reset at the next batch (new episodes, new ids), episodes
+        in flight and buffered complete episodes (``trajs_per_batch``) are dropped. The frame
+        count goes on.
+
+        Raises:
+            RuntimeError: while collecting in the background.
+        """
+        self._restart(None)
+
+    def set_seed(self, seed: int) -> int:
+        """Seed the envs and the random actions: the envs are reset with ``seed`` at the next
+        batch (env ``i`` of a vector env gets ``seed + i``, gymnasium's rule), as after
+        :meth:`reset`. Two runs after the same ``set_seed`` give the same data (ids aside).
+
+        Returns:
+            The seed of the last env, ``seed + num_envs - 1`` (TorchRL returns the last
+            env's seed too).
+
+        Raises:
+            TypeError: ``seed`` is not an int.
+            RuntimeError: while collecting in the background.
+
+        Examples:
+            >>> from splice import Collector
+            >>> collector = Collector("CartPole-v1", num_envs=2, frames_per_batch=20)
+            >>> collector.set_seed(7)
+            8
+            >>> first = collector.next()
+            >>> _ = collector.set_seed(7)
+            >>> again = collector.next()
+            >>> bool((first["observation"] == again["observation"]).all())
+            True
+            >>> collector.shutdown()
+        """
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise TypeError(f"seed must be an int, got {type(seed).__name__}")
+        self._restart(seed)
+        return seed + self.num_envs - 1
+
+    def _restart(self, seed: int | None) -> None:
+        if self.running:
+            raise RuntimeError("the collector is collecting in the background; shut it down first")
+        self._loop.restart(seed)
+        if self._assembler is not None:
+            self._assembler.reset()
 
     # ------------------------------------------------------------ policy weights
     def update_policy_weights_(
