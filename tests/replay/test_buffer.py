@@ -228,7 +228,9 @@ def test_extend_returns_the_row_of_every_input_step_in_input_order() -> None:
     rb = ReplayBuffer(storage=LazyTensorStorage(4))
     assert rb.extend(TensorDict({"x": torch.arange(6)}, [6])).tolist() == [0, 1, 2, 3, 0, 1]
     rb = ReplayBuffer(storage=LazyTensorStorage(10), sampler=SliceSampler(slice_len=1))
-    td = TensorDict({TRAJ_IDS: torch.tensor([0, 1, 0, 1]), "x": torch.tensor([10, 20, 11, 21])}, [4])
+    td = TensorDict(
+        {TRAJ_IDS: torch.tensor([0, 1, 0, 1]), "x": torch.tensor([10, 20, 11, 21])}, [4]
+    )
     rows = rb.extend(td)
     assert rb[rows]["x"].tolist() == [10, 20, 11, 21]
     # ... so update_priority(rb.extend(td), td["priority"]) gives each step its own priority.

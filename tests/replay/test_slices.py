@@ -122,9 +122,7 @@ def test_every_slice_is_a_contiguous_live_piece_of_one_trajectory(
             stored = rb.storage.gather(rows)
             stored_ts = [
                 int(tt)
-                for tt, ee in zip(
-                    stored[("t",)].tolist(), stored[("ep",)].tolist(), strict=True
-                )
+                for tt, ee in zip(stored[("t",)].tolist(), stored[("ep",)].tolist(), strict=True)
                 if ee == int(sample["ep"][i, 0])
             ]
             assert first_t == min(stored_ts)

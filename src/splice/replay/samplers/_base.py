@@ -234,8 +234,9 @@ class Sampler:
         """Ignored: only prioritised samplers use priorities (as in TorchRL).
 
         Args:
-            rows: int64 storage rows (any shape; -1 is padding).
-            priority: float64 priorities, broadcast to ``rows``.
+            rows: int64 storage rows, as the user gave them (any shape; -1 is padding).
+            priority: float64 priorities as the user gave them: ``rows``'s shape, or
+                broadcastable to it (the sampler broadcasts).
         """
 
     def check_batch_size(self, batch_size: int) -> None:
