@@ -179,8 +179,9 @@ def to_tensors(flat: Mapping[str, Leaf]) -> dict[str, object]:
 
 
 def from_tensors(flat: Mapping[str, object]) -> dict[str, object]:
-    """The inverse of :func:`to_tensors` (tensors back to numpy arrays)."""
+    """The inverse of :func:`to_tensors` (tensors back to numpy arrays, copied: the source
+    may change later)."""
     return {
-        key: value.detach().cpu().numpy() if isinstance(value, Tensor) else value
+        key: value.detach().cpu().numpy().copy() if isinstance(value, Tensor) else value
         for key, value in flat.items()
     }

@@ -222,8 +222,8 @@ class ReplayBuffer:
         if bounds is None:
             bounds = resolve_boundaries(
                 td,
-                traj_key=self.sampler.traj_key,
-                end_key=self.sampler.end_key,
+                traj_key=_key(self.sampler.traj_key),
+                end_key=_key(self.sampler.end_key),
                 needs_trajectories=self.sampler.needs_trajectories,
             )
         batch = flatten_batch(td, bounds.ids_key, first=first)
@@ -586,6 +586,10 @@ class ReplayBuffer:
         """Restore a buffer saved with :meth:`dumps` into this (same-sized, same-sampler) one."""
         root = Path(path)
         self._install(read_dir(root, self.sampler.state_type), str(root))
+
+
+def _key(key: NestedKey | None) -> Key | None:
+    return None if key is None else as_key_tuple(key)
 
 
 def _is_key(index: tuple[Any, ...]) -> bool:

@@ -81,11 +81,18 @@ class Storage:
     Args:
         max_size: capacity in steps (transitions).
         device: where the columns live.
+        ndim: accepted for TorchRL compatibility; must be 1 (steps are stored one per row;
+            a ``[B, T]`` batch is stored env-major, so no ``ndim=2`` is needed).
     """
 
-    def __init__(self, max_size: int, *, device: torch.device | str = "cpu") -> None:
+    def __init__(self, max_size: int, *, device: torch.device | str = "cpu", ndim: int = 1) -> None:
         if not isinstance(max_size, int) or max_size < 1:
             raise ValueError(f"max_size must be a positive int, got {max_size!r}")
+        if ndim != 1:
+            raise ValueError(
+                f"ndim={ndim!r}: splice storages keep one step per row (ndim=1); a [B, T] "
+                "batch is stored env-major and trajectories are tracked by the buffer's index"
+            )
         self.max_size = max_size
         self.device = torch.device(device)
         self.schema: Schema | None = None
@@ -178,6 +185,7 @@ class LazyTensorStorage(Storage):
     Args:
         max_size: capacity in steps (transitions); the oldest steps are overwritten first.
         device: device of the stored tensors (default CPU).
+        ndim: accepted for TorchRL compatibility; must be 1 (see :class:`Storage`).
 
     Examples:
         >>> import torch
@@ -214,6 +222,8 @@ class LazyMemmapStorage(Storage):
             SIGTERM or SIGKILL). Default: True for a temporary directory, False for a given
             ``scratch_dir`` (whose point is to outlive the process). :meth:`cleanup` deletes
             it on demand.
+        device: accepted for TorchRL compatibility; must be the CPU.
+        ndim: accepted for TorchRL compatibility; must be 1 (see :class:`Storage`).
 
     Examples:
         >>> import tempfile, torch
@@ -238,8 +248,15 @@ class LazyMemmapStorage(Storage):
         *,
         scratch_dir: str | Path | None = None,
         auto_cleanup: bool | None = None,
+        device: torch.device | str = "cpu",
+        ndim: int = 1,
     ) -> None:
-        super().__init__(max_size, device="cpu")
+        if torch.device(device).type != "cpu":
+            raise ValueError(
+                f"LazyMemmapStorage keeps its data in files on the CPU (device={device!r}); "
+                "move samples to the device yourself"
+            )
+        super().__init__(max_size, device="cpu", ndim=ndim)
         if auto_cleanup is not None and not isinstance(auto_cleanup, bool):
             raise TypeError(f"auto_cleanup must be a bool, got {type(auto_cleanup).__name__}")
         if scratch_dir is None:

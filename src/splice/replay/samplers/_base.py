@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import ClassVar, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import numpy as np
 import torch
@@ -173,9 +173,9 @@ class Sampler:
     #: The dataclass :meth:`state` returns (subclasses extend :class:`SamplerState`).
     state_type: ClassVar[type[SamplerState]] = SamplerState
     #: Key of the trajectory ids (None: ``("collector", "traj_ids")``, then ``"episode"``).
-    traj_key: Key | None = None
+    traj_key: NestedKey | None = None
     #: Key of the end-of-trajectory flag for data without ids (None: ``("next", "done")``).
-    end_key: Key | None = None
+    end_key: NestedKey | None = None
 
     def __init__(
         self, *, generator: torch.Generator | None = None, seed: int | None = None
@@ -286,6 +286,8 @@ class RandomSampler(Sampler):
     """Uniform sampling of single steps, with replacement, in O(batch).
 
     Args:
+        replacement: ``False`` gives a :class:`SamplerWithoutReplacement` (with the other
+            keyword arguments), as in TorchRL.
         generator: the random generator to draw from.
         seed: seed of a fresh generator (exclusive with ``generator``).
 
@@ -301,6 +303,24 @@ class RandomSampler(Sampler):
         >>> sample.batch_size, bool((sample["observation"] == sample["index"]).all())
         (torch.Size([4]), True)
     """
+
+    def __new__(cls, *args: Any, replacement: bool = True, **kwargs: Any) -> Any:
+        if replacement is False and cls is RandomSampler:
+            # TorchRL's dispatch: RandomSampler(replacement=False) is a
+            # SamplerWithoutReplacement (imported here: that module builds on this one).
+            from splice.replay.samplers.without_replacement import SamplerWithoutReplacement
+
+            return SamplerWithoutReplacement(*args, **kwargs)
+        return super().__new__(cls)
+
+    def __init__(
+        self,
+        *,
+        replacement: bool = True,
+        generator: torch.Generator | None = None,
+        seed: int | None = None,
+    ) -> None:
+        super().__init__(generator=generator, seed=seed)
 
     def draw(self, batch_size: int) -> Draw:
         index = self.index

@@ -94,6 +94,7 @@ class PrioritizedSampler(Sampler):
         reduction: how priorities with more dims than the index (e.g. one per step of a
             ``[B, T]`` index row) reduce to one per row: ``"max"``, ``"min"``, ``"sum"``,
             ``"mean"`` or ``"median"``.
+        replacement: must be True (there is no without-replacement variant, as in TorchRL).
         generator: the random generator to draw from.
         seed: seed of a fresh generator (exclusive with ``generator``).
 
@@ -122,9 +123,12 @@ class PrioritizedSampler(Sampler):
         eps: float = 1e-8,
         reduction: str = "max",
         *,
+        replacement: bool = True,
         generator: torch.Generator | None = None,
         seed: int | None = None,
     ) -> None:
+        if not replacement:
+            raise TypeError("PrioritizedSampler has no without-replacement variant")
         super().__init__(generator=generator, seed=seed)
         self.alpha, self.beta, self.eps = _check_per(alpha, beta, eps)
         if reduction not in _REDUCTIONS:
@@ -274,6 +278,8 @@ class PrioritizedSliceSampler(SliceSampler):
     ) -> None:
         if "weighting" in kwargs:
             raise TypeError("PrioritizedSliceSampler draws per position: weighting is fixed")
+        if kwargs.pop("replacement", True) is False:
+            raise TypeError("PrioritizedSliceSampler has no without-replacement variant")
         super().__init__(weighting="transition", **kwargs)
         self.alpha, self.beta, self.eps = _check_per(alpha, beta, eps)
         if isinstance(eta, bool) or not isinstance(eta, int | float) or not 0 <= eta <= 1:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -102,6 +102,8 @@ class SliceSampler(Sampler):
     smaller flat batch, as in TorchRL).
 
     Args:
+        replacement: ``False`` gives a :class:`SliceSamplerWithoutReplacement` (with the
+            other arguments), as in TorchRL.
         num_slices: slices per batch (exclusive with ``slice_len``).
         slice_len: training steps per slice (exclusive with ``num_slices``).
         end_key: end-of-trajectory flag used when the data has no trajectory ids
@@ -154,9 +156,17 @@ class SliceSampler(Sampler):
     needs_trajectories = True
     state_type: ClassVar[type[SamplerState]] = SliceSamplerState
 
+    def __new__(cls, *args: Any, replacement: bool = True, **kwargs: Any) -> Any:
+        if replacement is False and cls is SliceSampler:
+            # TorchRL's dispatch: SliceSampler(replacement=False) is a
+            # SliceSamplerWithoutReplacement (initialised by Python with the same arguments).
+            return super().__new__(SliceSamplerWithoutReplacement)
+        return super().__new__(cls)
+
     def __init__(
         self,
         *,
+        replacement: bool = True,
         num_slices: int | None = None,
         slice_len: int | None = None,
         end_key: NestedKey | None = None,
@@ -183,12 +193,19 @@ class SliceSampler(Sampler):
             raise ValueError(f"weighting must be one of {_WEIGHTINGS}, got {weighting!r}")
         if not isinstance(burn_in, int) or burn_in < 0:
             raise ValueError(f"burn_in must be a non-negative int, got {burn_in!r}")
+        if pad_output and strict_length:
+            raise ValueError(
+                "pad_output=True is incompatible with strict_length=True: strict slices are "
+                "never short, so there is nothing to pad"
+            )
         self.num_slices = num_slices
         self.slice_len = slice_len
-        self.end_key = key_or_none(end_key)
-        self.traj_key = key_or_none(traj_key)
-        self.truncated_key = key_or_none(truncated_key)
-        self.init_key = key_or_none(init_key)
+        self.end_key = end_key
+        self.traj_key = traj_key
+        self.truncated_key = truncated_key
+        self.init_key = init_key
+        self._truncated = key_or_none(truncated_key)
+        self._init = key_or_none(init_key)
         self.strict_length = bool(strict_length)
         self.pad_output = bool(pad_output)
         self.weighting = weighting
@@ -234,8 +251,8 @@ class SliceSampler(Sampler):
     @property
     def marks(self) -> SliceMarks:
         return SliceMarks(
-            truncated_key=self.truncated_key,
-            init_key=self.init_key,
+            truncated_key=self._truncated,
+            init_key=self._init,
             pad_output=self.pad_output,
             as_sequences=self.as_sequences,
             burn_in=self.burn_in,
@@ -385,8 +402,8 @@ class SliceSampler(Sampler):
             weighting=self.weighting,
             strict_length=self.strict_length,
             burn_in=self.burn_in,
-            end_key=None if self.end_key is None else list(self.end_key),
-            traj_key=None if self.traj_key is None else list(self.traj_key),
+            end_key=None if self.end_key is None else list(as_key_tuple(self.end_key)),
+            traj_key=None if self.traj_key is None else list(as_key_tuple(self.traj_key)),
         )
         return out
 
@@ -422,6 +439,8 @@ class SliceSamplerWithoutReplacement(SliceSampler):
     Args:
         drop_last: drop the last, incomplete batch of an epoch (default: return it smaller).
         shuffle: visit the items in random order (default) or in storage order.
+        replacement: accepted for TorchRL compatibility (the dispatch target of
+            ``SliceSampler(replacement=False)``); must be False.
         num_slices, slice_len, end_key, traj_key, truncated_key, init_key, strict_length,
         pad_output, weighting, as_sequences, burn_in, state_keys, cache_values, generator,
         seed: as for :class:`SliceSampler`.
@@ -444,6 +463,7 @@ class SliceSamplerWithoutReplacement(SliceSampler):
     def __init__(
         self,
         *,
+        replacement: bool = False,
         num_slices: int | None = None,
         slice_len: int | None = None,
         drop_last: bool = False,
@@ -462,6 +482,8 @@ class SliceSamplerWithoutReplacement(SliceSampler):
         generator: torch.Generator | None = None,
         seed: int | None = None,
     ) -> None:
+        if replacement:
+            raise ValueError("SliceSamplerWithoutReplacement(replacement=True): use SliceSampler")
         super().__init__(
             num_slices=num_slices,
             slice_len=slice_len,

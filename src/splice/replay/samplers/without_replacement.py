@@ -116,6 +116,7 @@ class SamplerWithoutReplacement(Sampler):
     Args:
         drop_last: only return full batches.
         shuffle: visit the steps in random order (default) or in write order.
+        replacement: accepted for TorchRL compatibility; must be False.
         generator: the random generator to draw from.
         seed: seed of a fresh generator (exclusive with ``generator``).
 
@@ -141,9 +142,12 @@ class SamplerWithoutReplacement(Sampler):
         drop_last: bool = False,
         shuffle: bool = True,
         *,
+        replacement: bool = False,
         generator: torch.Generator | None = None,
         seed: int | None = None,
     ) -> None:
+        if replacement:
+            raise ValueError("SamplerWithoutReplacement(replacement=True): use RandomSampler")
         super().__init__(generator=generator, seed=seed)
         self.drop_last = bool(drop_last)
         self.shuffle = bool(shuffle)

@@ -1,0 +1,69 @@
+"""The documented differences that ported TorchRL test cases exercise.
+
+Every reason here is listed, word for word, on the "Coming from TorchRL" page
+(``docs/coming_from_torchrl.rst``); ``test_inventory.py`` checks it.
+"""
+
+from __future__ import annotations
+
+#: split_trajectories pads the ids of padding positions with -1.
+PADDING_ID = "split_trajectories pads trajectory ids with -1, never a real id (TorchRL: 0)"
+
+#: Samplers and storages are used through a ReplayBuffer.
+BUFFER_DRIVEN = (
+    "samplers and storages are driven through a ReplayBuffer (no storage.set, "
+    "sampler.sample(storage, n) or sampler.extend(index)): a sampler reads the buffer's "
+    "trajectory index"
+)
+#: Storages have no ndim.
+NO_NDIM = (
+    "storages have no ndim: a [B, T] batch is stored env-major as B * T steps and samples are flat"
+)
+#: Auto-detected keys stay with the buffer.
+KEYS_RESOLVED_BY_BUFFER = (
+    "the buffer resolves the trajectory key at the first write; sampler attributes "
+    "(traj_key, TorchRL's private flags) are not rewritten"
+)
+#: Slice marks are in the sample, not in info.
+MARKS_IN_SAMPLE = (
+    "slice marks (truncated, done, terminated) are written into the sample; info holds "
+    "index, length, burn_in and priority_weight"
+)
+#: No TensorDictReplayBuffer priority keys.
+NO_PRIORITY_KEY = (
+    "priorities are set with update_priority only: extend does not read a priority key "
+    "(no priority_key, update_priority= or update_tensordict_priority)"
+)
+#: Private attributes are implementation details.
+PRIVATE_STATE = (
+    "the test reads TorchRL's private sampler state (_sample_list, _sum_tree, "
+    "_max_priority, _cache); the port checks the same behaviour through the public API"
+)
+#: The state dict has splice's layout.
+STATE_DICT_LAYOUT = (
+    "ReplayBuffer.state_dict() has splice's own keys (tensors, numbers and strings only; "
+    "e.g. 'batch_size', not '_batch_size')"
+)
+#: loads needs identical sampler settings.
+LOADS_SAME_CONFIG = (
+    "loads/load_state_dict restore into a buffer with the same storage size and sampler "
+    "settings, and refuse others (TorchRL overwrites the sampler's settings)"
+)
+#: No prefetch.
+NO_PREFETCH = "no prefetch: samples are drawn when sample() is called"
+#: Class hierarchy.
+HIERARCHY = (
+    "SliceSamplerWithoutReplacement derives from SliceSampler only, not from "
+    "SamplerWithoutReplacement"
+)
+#: Random streams differ.
+RNG_STREAM = (
+    "seeded runs draw other samples than TorchRL (each sampler draws from its own generator, "
+    "seeded from torch's global RNG once): an assertion on one particular random draw does "
+    "not carry over"
+)
+#: pad_output always carries the mask.
+MASK_ALWAYS = (
+    "with pad_output=True every sample carries ('collector', 'mask'), also when no slice "
+    "was short (TorchRL adds it only when something was padded): one schema for every sample"
+)
