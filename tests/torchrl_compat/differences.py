@@ -67,3 +67,21 @@ MASK_ALWAYS = (
     "with pad_output=True every sample carries ('collector', 'mask'), also when no slice "
     "was short (TorchRL adds it only when something was padded): one schema for every sample"
 )
+#: Reopening a scratch_dir.
+REOPENS_SCRATCH_DIR = (
+    "a LazyMemmapStorage given the scratch_dir of an existing buffer reopens it (crash-safe "
+    "recovery) instead of refusing to overwrite it (TorchRL's existsok)"
+)
+#: Fixed keys.
+FIXED_KEYS = (
+    "the stored keys are fixed by the first write: an in-place write cannot add a key (LayoutError)"
+)
+#: The generator belongs to the sampler.
+GENERATOR_ON_SAMPLER = (
+    "the random generator belongs to the sampler (Sampler(generator=...) or seed=); "
+    "ReplayBuffer takes no generator"
+)
+#: ListStorage of tensors.
+LIST_STORAGE_OF_TENSORS = (
+    "ListStorage is TorchRL-only; the port stores the same tensors in a LazyTensorStorage"
+)

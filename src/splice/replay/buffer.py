@@ -336,10 +336,17 @@ class ReplayBuffer:
         Returns:
             The sample (a TensorDict; a tensor or dict for buffers of tensors or dicts), or
             ``(sample, info)``.
+
+        Raises:
+            RuntimeError: no batch size (here or at construction), or nothing to draw from.
+            ValueError: a batch size the sampler cannot draw (e.g. not a multiple of the
+                slice length).
         """
         size = batch_size if batch_size is not None else self.batch_size
         if size is None:
-            raise ValueError("pass batch_size= here or to the ReplayBuffer")
+            raise RuntimeError(
+                "batch_size not specified: pass it to sample() or to the ReplayBuffer"
+            )
         self.sampler.check_batch_size(size)
         marks = self.sampler.marks
         shaped = (
@@ -362,7 +369,10 @@ class ReplayBuffer:
     def __iter__(self) -> Iterator[Any]:
         """Batches until the sampler runs out (samplers with replacement never do)."""
         if self.batch_size is None:
-            raise RuntimeError("iterating needs the buffer's batch_size")
+            raise RuntimeError(
+                "Cannot iterate over the replay buffer. Batch_size was not specified during "
+                "construction of the replay buffer"
+            )
         self.sampler.ran_out = False
         while not self.sampler.ran_out:
             yield self.sample()

@@ -363,18 +363,20 @@ class LazyMemmapStorage(Storage):
         afterwards (``RuntimeError``).
 
         Returns:
-            True if the directory was deleted, False if this storage was cleaned up before.
+            True if stored data was deleted; False if there was none (never written, the
+            directory already gone, or cleaned up before).
         """
         if self._cleaned:
             return False
         self._cleaned = True
+        had_data = self._meta_path.exists()
         self._maps.clear()
         self.columns = {}
         if self._finalizer is not None:
             self._finalizer.detach()
             self._finalizer = None
         shutil.rmtree(self.scratch_dir, ignore_errors=True)
-        return True
+        return had_data
 
     def _check_usable(self) -> None:
         if self._cleaned:

@@ -244,6 +244,10 @@ class Sampler:
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
 
+    def empty_error(self) -> RuntimeError:
+        """The error to raise when asked to draw from an empty buffer (TorchRL's wording)."""
+        return RuntimeError("Cannot sample from an empty storage: the replay buffer holds no step")
+
     @property
     def marks(self) -> SliceMarks | None:
         """How slices are marked in samples (None: single steps; slice samplers override)."""
@@ -326,6 +330,6 @@ class RandomSampler(Sampler):
         index = self.index
         n = len(index)
         if n == 0:
-            raise RuntimeError("cannot sample from an empty replay buffer")
+            raise self.empty_error()
         pos = index.lo + self.randint(n, batch_size)
         return Draw(rows=pos % index.capacity)

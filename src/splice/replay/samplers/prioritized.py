@@ -158,7 +158,7 @@ class PrioritizedSampler(Sampler):
 
     def draw(self, batch_size: int) -> Draw:
         if len(self.index) == 0:
-            raise RuntimeError("cannot sample from an empty replay buffer")
+            raise self.empty_error()
         total = self._tree.total()
         if total <= 0:
             raise RuntimeError("every stored step has priority 0: nothing can be drawn")
@@ -375,7 +375,7 @@ class PrioritizedSliceSampler(SliceSampler):
     ) -> tuple[np.ndarray, np.ndarray | int, np.ndarray, np.ndarray]:
         index = self.index
         if len(index) == 0:
-            raise RuntimeError("cannot sample from an empty replay buffer")
+            raise self.empty_error()
         total = self._tree.total()
         if total <= 0:
             raise self._no_slice_error(length)

@@ -349,7 +349,7 @@ class SliceSampler(Sampler):
         steps stored before each end, training length)``."""
         index = self.index
         if len(index) == 0:
-            raise RuntimeError("cannot sample from an empty replay buffer")
+            raise self.empty_error()
         if self.weighting == "trajectory":
             n = len(self._trajs)
             if n == 0:
@@ -507,6 +507,14 @@ class SliceSamplerWithoutReplacement(SliceSampler):
         # generation ("trajectory").
         self._epoch = Epoch(drop_last=self.drop_last)
 
+    def rebuild(self) -> None:
+        if self.drop_last and self.default_batch_size is None:
+            raise ValueError(
+                "Samplers with drop_last=True must work with a prescribed batch_size: pass "
+                "batch_size to the ReplayBuffer"
+            )
+        super().rebuild()
+
     def _build(self, length: int | None) -> None:
         super()._build(length)
         self._epoch.reset()
@@ -538,7 +546,7 @@ class SliceSamplerWithoutReplacement(SliceSampler):
     ) -> tuple[np.ndarray, np.ndarray | int, np.ndarray, np.ndarray]:
         index = self.index
         if len(index) == 0:
-            raise RuntimeError("cannot sample from an empty replay buffer")
+            raise self.empty_error()
         self.ran_out = False
         if self._epoch.finished(count):
             self._new_epoch()

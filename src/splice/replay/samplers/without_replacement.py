@@ -157,13 +157,18 @@ class SamplerWithoutReplacement(Sampler):
         return f"{type(self).__name__}(drop_last={self.drop_last}, shuffle={self.shuffle})"
 
     def rebuild(self) -> None:
+        if self.drop_last and self.default_batch_size is None:
+            raise ValueError(
+                "Samplers with drop_last=True must work with a prescribed batch_size: pass "
+                "batch_size to the ReplayBuffer"
+            )
         self._epoch.reset()
 
     def draw(self, batch_size: int) -> Draw:
         index = self.index
         n = len(index)
         if n == 0:
-            raise RuntimeError("cannot sample from an empty replay buffer")
+            raise self.empty_error()
         if self.drop_last and batch_size > n:
             raise ValueError(
                 f"The batch size {batch_size} is greater than the storage capacity {n} "
