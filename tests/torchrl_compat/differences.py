@@ -76,12 +76,17 @@ REOPENS_SCRATCH_DIR = (
 FIXED_KEYS = (
     "the stored keys are fixed by the first write: an in-place write cannot add a key (LayoutError)"
 )
-#: The generator belongs to the sampler.
-GENERATOR_ON_SAMPLER = (
-    "the random generator belongs to the sampler (Sampler(generator=...) or seed=); "
-    "ReplayBuffer takes no generator"
-)
 #: ListStorage of tensors.
 LIST_STORAGE_OF_TENSORS = (
     "ListStorage is TorchRL-only; the port stores the same tensors in a LazyTensorStorage"
+)
+#: Buffers are not picklable.
+NOT_PICKLABLE = (
+    "a ReplayBuffer is not picklable (it holds a lock and, for memory-mapped storages, "
+    "open files): save it with state_dict() or dumps()"
+)
+#: One write policy.
+NO_WRITERS = (
+    "one write policy (a ring: the oldest steps are overwritten first, TorchRL's "
+    "RoundRobinWriter); ReplayBuffer takes no writer"
 )

@@ -82,6 +82,8 @@ class ReplayBuffer:
         storage: where steps live (default ``LazyTensorStorage(1000)``, as in TorchRL).
         sampler: how batches are drawn (default :class:`RandomSampler`).
         batch_size: default number of (training) steps per ``sample()``.
+        generator: the random generator the sampler draws from (it replaces the
+            sampler's), as TorchRL's ``ReplayBuffer(generator=...)``.
 
     Examples:
         R2D2-style recurrent replay: slices of 40 training steps, each preceded by up to 20
@@ -134,6 +136,7 @@ class ReplayBuffer:
         storage: Storage | None = None,
         sampler: Sampler | None = None,
         batch_size: int | None = None,
+        generator: torch.Generator | None = None,
     ) -> None:
         storage = storage if storage is not None else LazyTensorStorage(1000)
         sampler = sampler if sampler is not None else RandomSampler()
@@ -147,6 +150,12 @@ class ReplayBuffer:
             raise ValueError("this storage already belongs to another replay buffer")
         if sampler.attached:
             raise ValueError("this sampler already belongs to another replay buffer")
+        if generator is not None:
+            if not isinstance(generator, torch.Generator):
+                raise TypeError(
+                    f"generator must be a torch.Generator, got {type(generator).__name__}"
+                )
+            sampler.generator = generator
         self.storage = storage
         self.sampler = sampler
         self.batch_size = batch_size

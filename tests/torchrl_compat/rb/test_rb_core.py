@@ -27,23 +27,23 @@ from splice.replay import (
 
 from ..differences import (
     BUFFER_DRIVEN,
-    GENERATOR_ON_SAMPLER,
     LIST_STORAGE_OF_TENSORS,
     PRIVATE_STATE,
 )
 
 TensorDictReplayBuffer = ReplayBuffer
-# TorchRL's _rb_common: a buffer with its own generator (ReplayBuffer(generator=...)).
+# TorchRL's _rb_common: buffers with their own generator (ReplayBuffer(generator=...)).
+ReplayBufferRNG = functools.partial(ReplayBuffer, generator=torch.Generator())
 TensorDictReplayBufferRNG = functools.partial(ReplayBuffer, generator=torch.Generator())
 
 
-@pytest.mark.torchrl_difference(GENERATOR_ON_SAMPLER, adapted=True)
+@pytest.mark.torchrl_difference(PRIVATE_STATE, adapted=True)
 class TestRNG:
     def test_rb_rng(self):
         state = torch.random.get_rng_state()
-        rb = ReplayBuffer(  # Port: ReplayBufferRNG / delayed_init=False
-            sampler=RandomSampler(generator=torch.Generator()), storage=LazyTensorStorage(100)
-        )
+        rb = ReplayBufferRNG(
+            sampler=RandomSampler(), storage=LazyTensorStorage(100)
+        )  # Port: delayed_init=False and rb.initialized (lazy init) dropped
         rb.extend(torch.arange(100))
         rb.sampler.generator.set_state(state)  # Port: rb._rng
         a = rb.sample(32)
@@ -56,9 +56,10 @@ class TestRNG:
     def test_prb_rng(self):
         state = torch.random.get_rng_state()
         rb = ReplayBuffer(
-            sampler=PrioritizedSampler(100, 1.0, 1.0, generator=torch.Generator()),
+            sampler=PrioritizedSampler(100, 1.0, 1.0),
             storage=LazyTensorStorage(100),
-        )  # Port: the generator goes to the sampler
+            generator=torch.Generator(),
+        )
         rb.extend(torch.arange(100))
         rb.update_priority(index=torch.arange(100), priority=torch.arange(1, 101))
 
@@ -75,9 +76,10 @@ class TestRNG:
     def test_slice_rng(self):
         state = torch.random.get_rng_state()
         rb = ReplayBuffer(
-            sampler=SliceSampler(num_slices=4, generator=torch.Generator()),
+            sampler=SliceSampler(num_slices=4),
             storage=LazyTensorStorage(100),
-        )  # Port: the generator goes to the sampler
+            generator=torch.Generator(),
+        )
         done = torch.zeros(100, 1, dtype=torch.bool)
         done[49] = 1
         done[-1] = 1
@@ -102,9 +104,7 @@ class TestRNG:
 
     def test_rng_state_dict(self):
         state = torch.random.get_rng_state()
-        rb = ReplayBuffer(
-            sampler=RandomSampler(generator=torch.Generator()), storage=LazyTensorStorage(100)
-        )  # Port: ReplayBufferRNG
+        rb = ReplayBufferRNG(sampler=RandomSampler(), storage=LazyTensorStorage(100))
         rb.extend(torch.arange(100))
         rb.sampler.generator.set_state(state)  # Port: rb._rng
         sd = rb.state_dict()
@@ -119,9 +119,7 @@ class TestRNG:
 
     def test_rng_dumps(self, tmpdir):
         state = torch.random.get_rng_state()
-        rb = ReplayBuffer(
-            sampler=RandomSampler(generator=torch.Generator()), storage=LazyTensorStorage(100)
-        )  # Port: ReplayBufferRNG
+        rb = ReplayBufferRNG(sampler=RandomSampler(), storage=LazyTensorStorage(100))
         rb.extend(torch.arange(100))
         rb.sampler.generator.set_state(state)  # Port: rb._rng
         rb.dumps(tmpdir)
@@ -142,21 +140,9 @@ class TestRNG:
         (TensorDictReplayBuffer, None),
         (TensorDictReplayBuffer, LazyTensorStorage),
         (TensorDictReplayBuffer, LazyMemmapStorage),
-        pytest.param(
-            TensorDictReplayBufferRNG,
-            None,
-            marks=pytest.mark.torchrl_difference(GENERATOR_ON_SAMPLER),
-        ),
-        pytest.param(
-            TensorDictReplayBufferRNG,
-            LazyTensorStorage,
-            marks=pytest.mark.torchrl_difference(GENERATOR_ON_SAMPLER),
-        ),
-        pytest.param(
-            TensorDictReplayBufferRNG,
-            LazyMemmapStorage,
-            marks=pytest.mark.torchrl_difference(GENERATOR_ON_SAMPLER),
-        ),
+        (TensorDictReplayBufferRNG, None),
+        (TensorDictReplayBufferRNG, LazyTensorStorage),
+        (TensorDictReplayBufferRNG, LazyMemmapStorage),
     ],
 )
 @pytest.mark.parametrize("size", [3, 5, 100])
