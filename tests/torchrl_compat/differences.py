@@ -90,3 +90,57 @@ NO_WRITERS = (
     "one write policy (a ring: the oldest steps are overwritten first, TorchRL's "
     "RoundRobinWriter); ReplayBuffer takes no writer"
 )
+#: Every batch carries trajectory ids.
+ALWAYS_TRAJ_IDS = (
+    "every batch carries ('collector', 'traj_ids') (no track_traj_ids=False): the replay "
+    "buffer, split and the assembler rely on it"
+)
+#: The env argument.
+ENV_ARGUMENT = (
+    "the collector's first argument is env (a gymnasium env, vector env, factory or env "
+    "id), not create_env_fn / create_env_kwargs"
+)
+#: No env transforms.
+NO_ENV_TRANSFORMS = (
+    "no TorchRL env transforms (StepCounter, InitTracker): gymnasium wrappers do the "
+    "env's part (TimeLimit) and the port reads the step from the batch"
+)
+#: Unique ids across collectors, cut marks.
+IDS_AND_CUTS = (
+    "trajectory ids are unique across collectors (never reused) and every batch carries "
+    "('collector', 'cut') at batch-edge cuts, so two runs with different batch sizes differ "
+    "in those two keys"
+)
+#: End of run.
+END_OF_RUN = (
+    "at the end of a trajs_per_batch run the unfinished episodes are yielded (and written to "
+    "the replay buffer) marked ('collector', 'cut'); drop_incomplete=True drops them as "
+    "TorchRL does"
+)
+#: Yields with a replay buffer.
+YIELDS_WITH_RB = "with replay_buffer=..., the iterator yields the batch it wrote (TorchRL: None)"
+#: No FutureWarning.
+NO_TRAJ_FORMAT_WARNING = (
+    "trajs_per_batch without traj_format defaults to 'padded' without a FutureWarning"
+)
+#: Collector state.
+COLLECTOR_STATE = (
+    "Collector.state_dict() holds 'ids', 'frames', 'batches' and 'policy' (no 'traj_pool'); "
+    "the test reads TorchRL's private _frames/_iter"
+)
+#: Single process.
+IN_PROCESS = (
+    "AsyncCollector (one worker process) is TorchRL-only; splice's Collector.start() "
+    "collects in a thread and pauses the same way"
+)
+#: No shared or use_buffers options.
+NO_PROCESS_OPTIONS = (
+    "no multi-process options on a single collector or buffer (use_buffers=, "
+    "ReplayBuffer(shared=True)): splice's collector always writes into preallocated staging "
+    "and its buffer is shared by threads"
+)
+#: The gymnasium counting env's action.
+COUNTING_ACTIONS = (
+    "the gymnasium version of TorchRL's CountingEnv takes a Discrete(2) action (TorchRL: a "
+    "Binary spec), so the test's policy writes an int64 increment"
+)
