@@ -19,8 +19,8 @@ import warnings
 import gymnasium as gym
 import pytest
 import torch
-from tensordict import assert_allclose_td
-from tensordict.nn import TensorDictModule
+from tensordict import TensorDict, assert_allclose_td
+from tensordict.nn import TensorDictModule, TensorDictSequential
 from torch import nn
 
 from splice import Collector, RandomPolicy, ReplayBuffer, split_trajectories
@@ -532,6 +532,58 @@ class TestAsyncCollection:
             else:
                 raise RuntimeError("RB is empty")
             assert len(rb) >= 16
+        finally:
+            collector.async_shutdown(timeout=10)
+            del collector
+
+    @pytest.mark.parametrize("total_frames", [-1, 1_000_000_000])
+    @pytest.mark.parametrize("cls", [Collector])
+    @pytest.mark.parametrize("weight_sync_scheme", [None, "MultiProcess", "SharedMem"])
+    @pytest.mark.torchrl_difference(COUNTING_ACTIONS, adapted=True)
+    def test_start_update_policy(self, total_frames, cls, weight_sync_scheme):
+        # Port: weight_sync_scheme only parametrizes multi-process collectors (TorchRL-only);
+        # for Collector it is unused, as in TorchRL.
+        rb = ReplayBuffer(storage=LazyMemmapStorage(max_size=1000))
+        env = CountingEnv()
+        m = nn.Linear(env.observation_space.shape[-1], 1)
+        m.weight.data.fill_(0)
+        m.bias.data.fill_(0)
+        policy = TensorDictSequential(
+            TensorDictModule(lambda x: x.float(), in_keys=["observation"], out_keys=["action"]),
+            TensorDictModule(m, in_keys=["action"], out_keys=["action"]),
+            TensorDictModule(
+                # Port: x.to(torch.int8) -> a scalar int64 (Discrete(2) action)
+                lambda x: x.squeeze(-1).to(torch.int64),
+                in_keys=["action"],
+                out_keys=["action"],
+            ),
+        )
+        td = TensorDict.from_module(policy).data.clone()
+
+        collector = cls(
+            env,
+            policy,
+            replay_buffer=rb,
+            total_frames=total_frames,
+            frames_per_batch=16,
+        )
+        try:
+            collector.start()
+            for _ in range(10):
+                time.sleep(0.1)
+                if len(rb) >= 16:
+                    break
+            else:
+                raise RuntimeError("RB is empty")
+            assert (rb[-16:]["action"] == 0).all()
+            td["module", "1", "module", "bias"] += 1
+            collector.update_policy_weights_(td)
+            for _ in range(10):
+                time.sleep(0.1)
+                if (rb[-16:]["action"] == 1).all():
+                    break
+            else:
+                raise RuntimeError("Failed to update policy weights")
         finally:
             collector.async_shutdown(timeout=10)
             del collector

@@ -8,20 +8,14 @@ form is written as ``.npy`` files plus JSON by ``ReplayBuffer.dumps`` and return
 by ``ReplayBuffer.state_dict`` — no pickle anywhere.
 
 Examples:
-    >>> from dataclasses import dataclass
     >>> import numpy as np
-    >>> @dataclass
-    ... class Inner:
-    ...     items: np.ndarray
-    >>> @dataclass
-    ... class Outer:
-    ...     count: int
-    ...     inner: Inner
-    >>> flat = flatten(Outer(3, Inner(np.arange(2))))
+    >>> from splice.replay._structures import Pool, PoolState
+    >>> pool = Pool(("start",), size=2)
+    >>> flat = flatten(pool.state())
     >>> sorted(flat)
-    ['count', 'inner.items']
-    >>> unflatten(Outer, flat)
-    Outer(count=3, inner=Inner(items=array([0, 1])))
+    ['fields.start', 'free', 'n_free']
+    >>> unflatten(PoolState, flat).n_free
+    2
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ without pickle:
 * :class:`KeyMap` — a sorted map from int64 keys (trajectory ids) to slots;
 * :class:`DenseSet` — a set of small integers with O(1) add/remove and O(1) uniform draws;
 * :class:`SumTree` — weights with their sum, minimum and a batched prefix-sum search
-  (fan-out 64), for prioritised draws.
+  (blocks of 32), for prioritised draws.
 
 Each has a typed state (``state()`` / ``restore(state)``), a dataclass that
 :mod:`splice.replay._state` saves without pickle.
@@ -338,17 +338,22 @@ class SumTree:
     """Non-negative float64 weights, their sum, minimum and batched prefix-sum search.
 
     Built for prioritised sampling: :meth:`find` maps uniform masses in ``[0, total)`` to
-    leaves in proportion to their weight. Leaves are grouped in blocks of ``FANOUT``; every
-    level above holds the sums of the blocks below, until a level has at most ``TOP`` nodes.
-    Each level also keeps, for every node, the sum of its block up to and including it
-    (``prefix``, maintained by :meth:`set`). A search takes the running sum of the top level
-    (recomputed only after a change, O(``TOP``)), then, per level, gathers the ``FANOUT``
-    prefixes of each query's block as one row and picks the first that exceeds the query:
-    a handful of whole-array numpy calls per level. A million leaves make two levels.
+    leaves in proportion to their weight. Leaves are grouped in blocks of ``FANOUT``; each
+    block keeps the running sums of its children (``prefix``), and the block sums are the
+    weights of the level above, until a level has at most ``TOP`` blocks (a million leaves
+    make one level of 31,250 blocks). A search sorts its masses (so that memory is walked
+    in order), ``np.searchsorted``s them into the running sum of the top (recomputed only
+    after a change, O(``TOP``)), then, per level, gathers each query's block of running
+    sums as one row and picks the first child whose running sum exceeds what is left of the
+    query: a handful of whole-array numpy calls per level, no Python loop over queries.
     Zero-weight leaves are never found.
 
-    :meth:`set` recomputes the blocks of the changed leaves at every level: O(k * FANOUT) per
-    level for k leaves.
+    :meth:`set` recomputes the running sums (and positive minima) of the changed blocks at
+    every level: O(k * FANOUT) per level for k leaves. The running sums of the changed
+    blocks are one flat ``cumsum`` (numpy's ``cumsum`` along short rows is several times
+    slower) minus each block's start, so they carry a rounding error of about 1e-16 times
+    the sum of the blocks changed together: a leaf lighter than that is drawn less often
+    than its weight says, or never.
 
     Examples:
         >>> t = SumTree(40)
@@ -359,56 +364,66 @@ class SumTree:
         [3, 30, 30]
     """
 
-    FANOUT = 64
-    TOP = 1 << 14
+    FANOUT = 32
+    TOP = 1 << 15
 
     def __init__(self, n: int) -> None:
         self.n = n
         F = self.FANOUT
-        self.values: list[np.ndarray] = []  # level 0: the leaves; padded to whole blocks
-        size = max(n, 1)
+        # weights[0]: the leaves; weights[d + 1]: the block sums of level d; all but the
+        # last (the top) padded to whole blocks. prefix[d]: the running sums inside each
+        # block of level d; mins[d]: each block's smallest positive leaf (inf: none),
+        # sized like weights[d + 1].
+        self.weights: list[np.ndarray] = [np.zeros(_whole(max(n, 1), F))]
+        self.prefix: list[np.ndarray] = []
         while True:
-            blocks = -(-size // F)
-            self.values.append(np.zeros(blocks * F))
-            size = blocks
-            if size <= self.TOP:
+            blocks = self.weights[-1].size // F
+            self.prefix.append(np.zeros((blocks, F)))
+            top = blocks <= self.TOP
+            self.weights.append(np.zeros(blocks if top else _whole(blocks, F)))
+            if top:
                 break
-        self.top = np.zeros(size)  # the sums of the last level's blocks
-        self.prefix = [np.zeros(v.size) for v in self.values]
-        # Per block of each level: its smallest positive leaf (inf: none); sized like the
-        # level above (padding included) so that its blocks reshape evenly.
-        sizes = [v.size for v in self.values[1:]] + [self.top.size]
-        self.mins = [np.full(size, np.inf) for size in sizes]
-        self._cum: np.ndarray | None = None  # running sum of ``top``, None after a change
+        self.mins = [np.full(w.size, np.inf) for w in self.weights[1:]]
+        self._cum: np.ndarray | None = None  # running sum of the top, None after a change
+        self._last = 0  # the last top node with a positive weight
         self._min: float | None = None
+
+    @property
+    def top(self) -> np.ndarray:
+        return self.weights[-1]
 
     def set(self, idx: np.ndarray, values: np.ndarray) -> None:
         """Set the weights of leaves ``idx`` (with repeated leaves, the last value wins)."""
         if idx.size == 0:
             return
         F = self.FANOUT
-        self.values[0][idx] = values
-        blocks = np.unique(idx // F)
-        for depth, level in enumerate(self.values):
-            rows = level.reshape(-1, F)[blocks]
-            prefix = np.cumsum(rows, axis=1)
-            self.prefix[depth].reshape(-1, F)[blocks] = prefix
+        idx, values = last_of_each(idx, np.broadcast_to(values, idx.shape))
+        self.weights[0][idx] = values
+        blocks = _distinct_sorted(idx // F)
+        for depth, prefix in enumerate(self.prefix):
+            rows = self.weights[depth].reshape(-1, F)[blocks]
+            running = np.cumsum(rows.ravel()).reshape(rows.shape)
+            running[1:] -= running[:-1, -1:].copy()  # each block from 0
+            prefix[blocks] = running
+            self.weights[depth + 1][blocks] = running[:, -1]
             if depth == 0:
-                self.mins[0][blocks] = np.where(rows > 0, rows, np.inf).min(axis=1)
+                least = np.where(rows > 0, rows, np.inf)
             else:
-                below = self.mins[depth - 1].reshape(-1, F)
-                self.mins[depth][blocks] = below[blocks].min(axis=1)
-            above = self.values[depth + 1] if depth + 1 < len(self.values) else self.top
-            above[blocks] = prefix[:, -1]
-            blocks = np.unique(blocks // F)
+                least = self.mins[depth - 1].reshape(-1, F)[blocks]
+            # (``minimum.reduceat`` over the flat rows: ``min(axis=1)`` on short rows is
+            # slower.)
+            starts = np.arange(0, least.size, F)
+            self.mins[depth][blocks] = np.minimum.reduceat(least.ravel(), starts)
+            blocks = _distinct_sorted(blocks // F)
         self._cum = self._min = None
 
     def get(self, idx: np.ndarray) -> np.ndarray:
-        return self.values[0][idx]
+        return self.weights[0][idx]
 
     def _running(self) -> np.ndarray:
         if self._cum is None:
             self._cum = np.cumsum(self.top)
+            self._last = int(np.searchsorted(self._cum, self._cum[-1], side="left"))
         return self._cum
 
     def total(self) -> float:
@@ -423,35 +438,34 @@ class SumTree:
     def find(self, mass: np.ndarray) -> np.ndarray:
         """For each mass ``u`` in ``[0, total)``: the leaf where the running sum passes ``u``."""
         F = self.FANOUT
+        order = np.argsort(mass)
         cum = self._running()
-        node = np.searchsorted(cum, mass, side="right")
-        np.minimum(node, cum.size - 1, out=node)
-        weight = self.top[node]
-        rest = mass - (cum[node] - weight)  # the mass left inside the chosen node
-        for depth in range(len(self.values) - 1, -1, -1):
-            # Rounding may leave ``rest`` at or past the node's weight (the last prefix of
-            # its block): keep it below, so the first prefix above it is a positive leaf.
-            np.minimum(rest, np.nextafter(weight, 0.0), out=rest)
-            prefix = self.prefix[depth].reshape(-1, F)[node]
-            child = np.argmax(prefix > rest[:, None], axis=1)
+        node = np.searchsorted(cum, mass[order], side="right")
+        np.minimum(node, self._last, out=node)  # a mass rounded up to the total
+        rest = mass[order] - (cum[node] - self.top[node])  # the mass left inside the node
+        pick = np.arange(node.size)
+        for prefix in reversed(self.prefix):
+            rows = prefix[node]
+            # Rounding may leave ``rest`` at or past the block's sum: keep it below, so the
+            # first running sum above it is a positive child.
+            np.minimum(rest, np.nextafter(rows[:, -1], 0.0), out=rest)
+            child = np.argmax(rows > rest[:, None], axis=1)
+            rest -= np.where(child > 0, rows[pick, child - 1], 0.0)
+            np.maximum(rest, 0.0, out=rest)
             node = node * F + child
-            if depth:
-                weight = self.values[depth][node]
-                rest -= self.prefix[depth][node] - weight
-                np.maximum(rest, 0.0, out=rest)
-        return node
+        out = np.empty_like(node)
+        out[order] = node
+        return out
 
     def clear(self) -> None:
-        for arrays in (self.values, self.prefix):
-            for level in arrays:
-                level.fill(0.0)
+        for level in self.weights + self.prefix:
+            level.fill(0.0)
         for level in self.mins:
             level.fill(np.inf)
-        self.top.fill(0.0)
         self._cum = self._min = None
 
     def state(self) -> SumTreeState:
-        return SumTreeState(self.values[0][: self.n].copy())
+        return SumTreeState(self.weights[0][: self.n].copy())
 
     def restore(self, state: SumTreeState) -> None:
         leaves = np.asarray(state.leaves, dtype=np.float64)
@@ -459,6 +473,36 @@ class SumTree:
             raise ValueError(f"saved tree has {leaves.size} leaves, this one {self.n}")
         self.clear()
         self.set(np.arange(leaves.size, dtype=I64), leaves)
+
+
+def last_of_each(idx: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``idx`` sorted without repeats, each with the last of its ``values``.
+
+    (A sort and a mask: ``np.unique`` costs several times more on a few hundred numbers.)
+    """
+    if idx.size == 0:
+        return idx, values
+    order = np.argsort(idx, kind="stable")
+    idx = idx[order]
+    last = np.empty(idx.size, dtype=bool)
+    np.not_equal(idx[1:], idx[:-1], out=last[:-1])
+    last[-1] = True
+    return idx[last], values[order][last]
+
+
+def _distinct_sorted(x: np.ndarray) -> np.ndarray:
+    """The distinct values of a sorted array."""
+    if x.size == 0:
+        return x
+    first = np.empty(x.size, dtype=bool)
+    first[0] = True
+    np.not_equal(x[1:], x[:-1], out=first[1:])
+    return x[first]
+
+
+def _whole(size: int, block: int) -> int:
+    """``size`` rounded up to whole blocks."""
+    return -(-size // block) * block
 
 
 def as_i64(x: object) -> np.ndarray:

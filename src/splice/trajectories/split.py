@@ -243,7 +243,12 @@ def to_nested(
 
 
 def _strided_view(values: Tensor, lengths: Tensor) -> Tensor:
-    """A strided nested tensor viewing ``values`` (``[sum(lengths), *feature]``), no copy."""
+    """A strided nested tensor viewing ``values`` (``[sum(lengths), *feature]``), no copy.
+
+    torch has no public zero-copy constructor for strided nested tensors
+    (``torch.nested.nested_tensor`` copies), so this uses the two private helpers TorchRL's
+    ``split_trajectories`` uses too.
+    """
     values = values.contiguous()
     feature = torch.tensor(values.shape[1:], dtype=torch.int64)
     sizes = torch.cat([lengths[:, None], feature.expand(lengths.numel(), feature.numel())], 1)

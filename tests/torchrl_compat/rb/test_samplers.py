@@ -59,7 +59,9 @@ def test_samplerwithoutrep(size, samples, drop_last):
     # Port: a buffer instead of ListStorage + sampler.sample(storage, n); the steps left in
     # the epoch are counted here instead of read from the private _sample_list.
     rb = ReplayBuffer(
-        storage=LazyTensorStorage(size), sampler=SamplerWithoutReplacement(drop_last=drop_last)
+        storage=LazyTensorStorage(size),
+        sampler=SamplerWithoutReplacement(drop_last=drop_last),
+        batch_size=samples,  # (a buffer with a drop_last sampler needs a batch size)
     )
     rb.extend(torch.arange(size))
     assert len(rb) == size
