@@ -15,9 +15,10 @@ BUFFER_DRIVEN = (
     "sampler.sample(storage, n) or sampler.extend(index)): a sampler reads the buffer's "
     "trajectory index"
 )
-#: Storages have no ndim.
+#: Storages are 1-D.
 NO_NDIM = (
-    "storages have no ndim: a [B, T] batch is stored env-major as B * T steps and samples are flat"
+    "storages are 1-D (ndim=1 only): a [B, T] batch is stored env-major as B * T steps and "
+    "samples are flat"
 )
 #: Auto-detected keys stay with the buffer.
 KEYS_RESOLVED_BY_BUFFER = (

@@ -30,7 +30,12 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pytest
+
 HERE = Path(__file__).parent
+
+#: Where the conftest leaves the classification of the cases a pytest session collected.
+SESSION_CASES = pytest.StashKey[list[dict[str, object]]]()
 
 _MULTI = "multi-process collectors (MultiSyncCollector, MultiAsyncCollector, AsyncCollector)"
 

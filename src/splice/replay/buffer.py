@@ -242,9 +242,8 @@ class ReplayBuffer:
         if not first:
             schema.check(columns)
         n = batch.n
-        rows_out = torch.full(batch.input_shape, -1, dtype=torch.int64)
         if n == 0:
-            return rows_out
+            return torch.full(batch.input_shape, -1, dtype=torch.int64)
         keys, open_keys, next_key = bounds.keys_for(batch)
         order = None
         if bounds.mode == "ids":
@@ -274,11 +273,10 @@ class ReplayBuffer:
             unsorted = np.empty_like(per_step)
             unsorted[order] = per_step
             per_step = unsorted
-        flat_out = rows_out.view(-1)
-        if batch.source is None:
-            flat_out.copy_(torch.from_numpy(per_step))
-        else:
-            flat_out[torch.from_numpy(batch.source)] = torch.from_numpy(per_step)
+        if batch.source is None:  # every input step was written
+            return torch.from_numpy(per_step).view(batch.input_shape)
+        rows_out = torch.full(batch.input_shape, -1, dtype=torch.int64)
+        rows_out.view(-1)[torch.from_numpy(batch.source)] = torch.from_numpy(per_step)
         return rows_out
 
     def add(self, data: TensorDictBase | Tensor | Mapping[str, Any]) -> int:

@@ -195,9 +195,14 @@ class Sampler:
         """
         if self._index is not None and self._index is not index:
             raise ValueError(f"this {type(self).__name__} already belongs to a replay buffer")
+        before = self._index, self._default_batch
         self._index = index
         self._default_batch = batch_size
-        self.rebuild()
+        try:
+            self.rebuild()
+        except BaseException:
+            self._index, self._default_batch = before  # a failed attach binds nothing
+            raise
 
     @property
     def attached(self) -> bool:

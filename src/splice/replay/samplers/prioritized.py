@@ -197,7 +197,7 @@ class PrioritizedSampler(Sampler):
     def state(self) -> PrioritizedSamplerState:
         base = super().state()
         return PrioritizedSamplerState(
-            base.rng, base.ran_out, self._tree.state(), self.max_priority
+            **vars(base), tree=self._tree.state(), max_priority=self.max_priority
         )
 
     def restore(self, state: SamplerState) -> None:
@@ -445,15 +445,11 @@ class PrioritizedSliceSampler(SliceSampler):
     def state(self) -> PrioritizedSliceState:
         base = super().state()
         return PrioritizedSliceState(
-            base.rng,
-            base.ran_out,
-            base.built_len,
-            base.ends,
-            base.trajs,
-            self._tree.state(),
-            self._step_priority,
-            self.max_priority,
-            self._short_end,
+            **vars(base),
+            tree=self._tree.state(),
+            step_priority=self._step_priority,
+            max_priority=self.max_priority,
+            short_end=self._short_end,
         )
 
     def restore(self, state: SamplerState) -> None:

@@ -410,11 +410,10 @@ class SliceSampler(Sampler):
     def state(self) -> SliceSamplerState:
         base = super().state()
         return SliceSamplerState(
-            base.rng,
-            base.ran_out,
-            -1 if self._built_len is None else self._built_len,
-            self._ends.state(),
-            self._trajs.state(),
+            **vars(base),
+            built_len=-1 if self._built_len is None else self._built_len,
+            ends=self._ends.state(),
+            trajs=self._trajs.state(),
         )
 
     def restore(self, state: SamplerState) -> None:
@@ -572,14 +571,7 @@ class SliceSamplerWithoutReplacement(SliceSampler):
 
     def state(self) -> SliceWithoutReplacementState:
         base = super().state()
-        return SliceWithoutReplacementState(
-            base.rng,
-            base.ran_out,
-            base.built_len,
-            base.ends,
-            base.trajs,
-            self._epoch.state(),
-        )
+        return SliceWithoutReplacementState(**vars(base), epoch=self._epoch.state())
 
     def restore(self, state: SamplerState) -> None:
         state = expect_state(state, SliceWithoutReplacementState)

@@ -201,7 +201,7 @@ class SamplerWithoutReplacement(Sampler):
 
     def state(self) -> WithoutReplacementState:
         base = super().state()
-        return WithoutReplacementState(base.rng, base.ran_out, self._epoch.state())
+        return WithoutReplacementState(**vars(base), epoch=self._epoch.state())
 
     def restore(self, state: SamplerState) -> None:
         state = expect_state(state, WithoutReplacementState)
