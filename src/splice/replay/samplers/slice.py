@@ -440,9 +440,10 @@ class SliceSamplerWithoutReplacement(SliceSampler):
         shuffle: visit the items in random order (default) or in storage order.
         replacement: accepted for TorchRL compatibility (the dispatch target of
             ``SliceSampler(replacement=False)``); must be False.
-        num_slices, slice_len, end_key, traj_key, truncated_key, init_key, strict_length,
-        pad_output, weighting, as_sequences, burn_in, state_keys, cache_values, generator,
-        seed: as for :class:`SliceSampler`.
+        num_slices: as for :class:`SliceSampler`, and so are ``slice_len``, ``end_key``,
+            ``traj_key``, ``truncated_key``, ``init_key``, ``strict_length``,
+            ``pad_output``, ``weighting``, ``as_sequences``, ``burn_in``, ``state_keys``,
+            ``cache_values``, ``generator`` and ``seed``.
 
     Examples:
         >>> import torch
