@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -43,3 +44,13 @@ def test_bench_replay_quick() -> None:
     assert any("TorchRL SliceSampler(cache_values=True)" in line for line in lines)
     assert any("raw gather, precomputed slices" in line for line in lines)
     assert sum(line.startswith("| splice") for line in lines) >= 8
+
+
+def test_bench_envs_quick() -> None:
+    lines = run_quick("bench_envs")
+    ratio = re.compile(r"\| \d+\.\d\dx +\|$")
+    assert any(line.startswith("| Pendulum-v1 ") and ratio.search(line) for line in lines)
+    assert sum(bool(ratio.search(line)) for line in lines) >= 16 + 10  # every family, 1 and N
+    assert any("| plain nn.Module " in line for line in lines)
+    assert any("TensorDictModule (by hand)" in line for line in lines)
+    assert any("random, action_mask" in line for line in lines)

@@ -3,13 +3,14 @@
 Examples:
     >>> import splice
     >>> sorted(splice.__all__)[:3]
-    ['Collector', 'LayoutError', 'LazyMemmapStorage']
+    ['Collector', 'EnvError', 'LayoutError']
 """
 
 from splice import layout
 from splice.collectors import Collector, TrajectoryIds
+from splice.envs import EnvError
 from splice.layout import LayoutError, validate_batch
-from splice.policies import RandomPolicy
+from splice.policies import PolicyError, RandomPolicy, as_policy
 from splice.replay import (
     LazyMemmapStorage,
     LazyTensorStorage,
@@ -27,9 +28,11 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Collector",
+    "EnvError",
     "LayoutError",
     "LazyMemmapStorage",
     "LazyTensorStorage",
+    "PolicyError",
     "PrioritizedSampler",
     "PrioritizedSliceSampler",
     "RandomPolicy",
@@ -40,6 +43,7 @@ __all__ = [
     "SliceSamplerWithoutReplacement",
     "TrajectoryAssembler",
     "TrajectoryIds",
+    "as_policy",
     "cat_trajectories",
     "layout",
     "split_trajectories",

@@ -11,10 +11,12 @@ errors for the same faults:
 * it is flattened **env-major**: ``[..., B, T] -> [N]``, each env row's ``T`` steps
   consecutive and in time order;
 * trajectory ids (at the caller's key): any integer dtype, shape equal to the batch shape,
-  cast **once** to int64; a negative id marks padding;
+  cast **once** to int64; ``-1`` marks padding and an id below ``-1`` is refused
+  (:func:`~splice.layout.check_trajectory_ids`);
 * the mask (at the caller's key): bool, shape equal to the batch shape; False marks padding;
 * step flags (done, terminated, truncated, the collector's cut): bool, shape ``[*batch]`` or
-  ``[*batch, ...]`` (reduced with ``any`` over the trailing dims).
+  ``[*batch, ...]`` (reduced with ``any`` over the trailing dims);
+* a batch without steps (``[0]``, ``[B, 0]``) is valid: it flattens to ``N = 0``.
 
 Faults raise :class:`~splice.layout.LayoutError` (a ``ValueError``) naming the key, the
 expected and the actual dtype and shape. Nothing is mutated.
@@ -45,6 +47,7 @@ Examples:
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 import torch
@@ -57,6 +60,7 @@ from splice.layout import (
     Key,
     LayoutError,
     as_key_tuple,
+    check_trajectory_ids,
     fmt_key,
     is_integer_dtype,
     tensor_leaves,
@@ -121,7 +125,10 @@ class Steps:
                 f"{[*self.batch_shape, 1]}, got dtype {value.dtype} and shape "
                 f"{[*self.batch_shape, *value.shape[1:]]}"
             )
-        return value if value.dim() == 1 else value.reshape(value.shape[0], -1).any(1)
+        if value.dim() == 1:
+            return value
+        # Not reshape(n, -1): -1 is ambiguous when the batch has no steps.
+        return value.reshape(value.shape[0], math.prod(value.shape[1:])).any(1)
 
     def take(self, rows: Tensor) -> Steps:
         """The steps at flat positions ``rows`` (int64), as a flat batch."""
@@ -143,7 +150,8 @@ class Steps:
 
 
 def read_ids(value: Tensor, key: NestedKey, batch_shape: torch.Size) -> Tensor:
-    """Trajectory ids as int64 (cast once), after checking their dtype and shape.
+    """Trajectory ids as int64 (cast once), after checking their dtype, shape and values
+    (``>= -1``: :func:`~splice.layout.check_trajectory_ids`).
 
     Args:
         value: the ids as stored in the batch.
@@ -151,7 +159,8 @@ def read_ids(value: Tensor, key: NestedKey, batch_shape: torch.Size) -> Tensor:
         batch_shape: the batch shape they must have.
 
     Raises:
-        LayoutError: not an integer dtype (float, bool or complex), or not the batch shape.
+        LayoutError: not an integer dtype (float, bool or complex), not the batch shape, or
+            an id below ``-1``.
 
     Examples:
         >>> import torch
@@ -167,6 +176,7 @@ def read_ids(value: Tensor, key: NestedKey, batch_shape: torch.Size) -> Tensor:
             f"key {fmt_key(key)}: trajectory ids must have an integer dtype and shape "
             f"{list(batch_shape)}, got dtype {value.dtype} and shape {list(value.shape)}"
         )
+    check_trajectory_ids(value, key)
     return value.to(torch.int64)
 
 

@@ -55,6 +55,7 @@ __all__ = [
     "LayoutError",
     "TrajFormat",
     "as_key_tuple",
+    "check_trajectory_ids",
     "fmt_key",
     "is_integer_dtype",
     "tensor_leaves",
@@ -103,6 +104,34 @@ PADDING_ID = -1
 
 class LayoutError(ValueError):
     """A batch does not follow the data contract; the message names the key."""
+
+
+def check_trajectory_ids(ids: Tensor, key: NestedKey = TRAJ_IDS) -> None:
+    """Refuse trajectory ids below :data:`PADDING_ID`: ids are ``>= 0``, and ``-1`` marks
+    padding. Any other negative id is corrupt data; treating it as padding would silently
+    drop the step and join the steps around it into one trajectory.
+
+    Raises:
+        LayoutError: naming the key, how many ids are below -1, the first one and its
+            (flat) position.
+
+    Examples:
+        >>> import torch
+        >>> check_trajectory_ids(torch.tensor([0, 0, -1, 1]))
+        >>> check_trajectory_ids(torch.tensor([0, 0, -7, 0]))  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+          ...
+        splice.layout.LayoutError: key ('collector', 'traj_ids'): 1 trajectory id(s) below -1, ...
+    """
+    if ids.numel() == 0 or int(ids.min()) >= PADDING_ID:
+        return
+    bad = (ids.reshape(-1) < PADDING_ID).nonzero().squeeze(1)
+    first = int(bad[0])
+    raise LayoutError(
+        f"key {fmt_key(key)}: {bad.numel()} trajectory id(s) below {PADDING_ID}, the first "
+        f"{int(ids.reshape(-1)[first])} at flat position {first}; ids are >= 0, and "
+        f"{PADDING_ID} marks padding"
+    )
 
 
 @dataclass(frozen=True)
@@ -219,8 +248,9 @@ def validate_batch(
     """Check that ``td`` follows the data contract.
 
     Every contract key that is present must have the contract's dtype and shape (relative to
-    ``td.batch_size``); every key in ``required`` must be present; and when done, terminated
-    and truncated are all present, ``done`` must equal ``terminated | truncated``.
+    ``td.batch_size``); trajectory ids must be ``>= -1`` (:func:`check_trajectory_ids`); every
+    key in ``required`` must be present; and when done, terminated and truncated are all
+    present, ``done`` must equal ``terminated | truncated``.
 
     Args:
         td: the batch to check.
@@ -253,6 +283,9 @@ def validate_batch(
                 f"key {fmt_key(key)}: expected dtype {spec.dtype_name()} and shape {expected}, "
                 f"got dtype {value.dtype} and shape {list(value.shape)}"
             )
+    ids = td.get(TRAJ_IDS, None)
+    if ids is not None:
+        check_trajectory_ids(ids)
     if check_done_consistency:
         done, term, trunc = (td.get(k, None) for k in (DONE, TERMINATED, TRUNCATED))
         if done is not None and term is not None and trunc is not None:

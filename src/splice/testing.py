@@ -30,6 +30,9 @@ Examples:
 
 from __future__ import annotations
 
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import gymnasium as gym
@@ -39,6 +42,7 @@ from gymnasium import spaces
 from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv
 from tensordict import TensorDict, TensorDictBase
 
+from splice.envs.infos import EPISODE_STATISTICS
 from splice.layout import (
     ACTION,
     CUT,
@@ -54,9 +58,12 @@ from splice.layout import (
 )
 
 __all__ = [
+    "ENV_ZOO",
     "CountingEnv",
+    "EnvFamily",
     "SyntheticStream",
     "assert_slices_contiguous",
+    "atari_wrappers",
     "counting_vec",
     "episode_lengths",
     "synthetic_rollout",
@@ -300,6 +307,7 @@ class CountingEnv(gym.Env[np.ndarray, np.int64]):
     Resets never count as steps, so along an env row the first obs entry counts 0, 1, 2, ...
     across episodes and batches: a dead step, a lost step or a repeated step shows up as a
     jump. The reward is the action, so data from two runs can be compared step by step.
+    Every info (reset and step) repeats the counts: ``{"total": ..., "t": ...}``.
 
     Examples:
         >>> env = CountingEnv(length=2)
@@ -326,7 +334,7 @@ class CountingEnv(gym.Env[np.ndarray, np.int64]):
         """Start an episode (not a step: the total count does not move)."""
         super().reset(seed=seed)
         self.t = 0
-        return self._obs(), {}
+        return self._obs(), {"total": self.total, "t": self.t}
 
     def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
         """One step; the reward is the action."""
@@ -334,7 +342,8 @@ class CountingEnv(gym.Env[np.ndarray, np.int64]):
         self.t += 1
         terminated = self.t >= self.length
         truncated = self.trunc is not None and self.t >= self.trunc and not terminated
-        return self._obs(), float(action), terminated, truncated, {}
+        info = {"total": self.total, "t": self.t}
+        return self._obs(), float(action), terminated, truncated, info
 
 
 def counting_vec(
@@ -375,3 +384,102 @@ def threshold_policy(td: TensorDictBase) -> TensorDictBase:
     """
     td["action"] = (td["observation"][..., 1] > 0).long()
     return td
+
+
+@dataclass(frozen=True)
+class EnvFamily:
+    """One real env family of the env zoo (``tests/envs/test_zoo.py``, ``bench_envs``): how a
+    new user would make ONE env of it, and what to ask the collector for.
+
+    Args:
+        name: a short name (test ids, table rows).
+        env_id: the gymnasium id.
+        package: the optional package that registers it (extra ``envs``), or ``None``.
+        make_kwargs: keyword arguments of ``gymnasium.make``.
+        wrap: the standard wrappers to apply (e.g. Atari preprocessing), or ``None``.
+        info_keys: ``Collector(info_keys=...)`` for this family.
+        non_tensor: its observation keys without a tensor form.
+        mode: the autoreset mode of its vector env (:meth:`make_vec`).
+
+    Examples:
+        >>> family = next(f for f in ENV_ZOO if f.name == "taxi")
+        >>> env = family.make(max_episode_steps=5)
+        >>> env.reset(seed=0)[1]["action_mask"]
+        array([1, 1, 0, 0, 0, 0], dtype=int8)
+        >>> family.make_vec(2).num_envs
+        2
+    """
+
+    name: str
+    env_id: str
+    package: str | None = None
+    make_kwargs: dict[str, Any] = field(default_factory=dict)
+    wrap: Callable[[gym.Env[Any, Any]], gym.Env[Any, Any]] | None = None
+    info_keys: Any = None
+    non_tensor: tuple[tuple[str, ...], ...] = ()
+    mode: AutoresetMode = AutoresetMode.NEXT_STEP
+
+    def make(self, max_episode_steps: int | None = None) -> gym.Env[Any, Any]:
+        """One env (episodes cut at ``max_episode_steps`` when given).
+
+        Raises:
+            ImportError: the family's package is not installed (its ``name`` says which).
+        """
+        if self.package is not None:
+            module = importlib.import_module(self.package)
+            if self.package == "ale_py":
+                gym.register_envs(module)
+        kwargs = dict(self.make_kwargs)
+        if max_episode_steps is not None:
+            kwargs["max_episode_steps"] = max_episode_steps
+        env = gym.make(self.env_id, **kwargs)
+        return self.wrap(env) if self.wrap is not None else env
+
+    def make_vec(self, num_envs: int, max_episode_steps: int | None = None) -> SyncVectorEnv:
+        """``num_envs`` envs of :meth:`make` in a ``SyncVectorEnv`` (autoreset :attr:`mode`);
+        env ``i`` is seeded with ``seed + i`` by ``reset(seed=seed)``."""
+        self.make(max_episode_steps).close()  # raises ImportError before any worker starts
+        return SyncVectorEnv(
+            [lambda: self.make(max_episode_steps)] * num_envs, autoreset_mode=self.mode
+        )
+
+
+def atari_wrappers(env: gym.Env[Any, Any]) -> gym.Env[Any, Any]:
+    """gymnasium's standard Atari preprocessing: 84x84 greyscale, frame skip 4, 4 stacked
+    frames (``[4, 84, 84]`` uint8); the env must be made with ``frameskip=1``."""
+    env = gym.wrappers.AtariPreprocessing(env, frame_skip=4, screen_size=84, noop_max=0)
+    return gym.wrappers.FrameStackObservation(env, 4)
+
+
+#: The env families of issue 13, raw as their packages ship them (wrappers only where a user
+#: would add the standard ones): MuJoCo, MiniGrid with its text mission, Atari, popgym, Taxi
+#: with its ``action_mask``, and ``RecordEpisodeStatistics`` on Blackjack.
+ENV_ZOO = [
+    EnvFamily("pendulum", "Pendulum-v1", mode=AutoresetMode.SAME_STEP),
+    EnvFamily("hopper", "Hopper-v5", package="mujoco", info_keys=["x_position"]),
+    EnvFamily(
+        "minigrid",
+        "MiniGrid-MemoryS7-v0",
+        package="minigrid",
+        non_tensor=(("observation", "mission"),),
+        mode=AutoresetMode.DISABLED,
+    ),
+    EnvFamily(
+        "atari",
+        "ALE/Pong-v5",
+        package="ale_py",
+        make_kwargs={"frameskip": 1},
+        wrap=atari_wrappers,
+        info_keys=["lives"],
+    ),
+    EnvFamily("popgym", "popgym-RepeatPreviousEasy-v0", package="popgym"),
+    EnvFamily("taxi", "Taxi-v4", info_keys=["action_mask"], mode=AutoresetMode.SAME_STEP),
+    EnvFamily("frozenlake", "FrozenLake-v1"),
+    EnvFamily(
+        "blackjack",
+        "Blackjack-v1",
+        wrap=gym.wrappers.RecordEpisodeStatistics,
+        info_keys={"episode": EPISODE_STATISTICS},
+        mode=AutoresetMode.DISABLED,
+    ),
+]

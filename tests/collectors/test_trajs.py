@@ -86,6 +86,7 @@ def test_drop_incomplete_drops_only_in_flight_episodes():
     assert frames == 48
     assert all(not bool(b[CUT].any()) for b in out)
     assert c.dropped_trajs == 2
+    assert c.dropped_frames == c.frames - frames  # every collected frame is accounted for
     c.shutdown()
 
 

@@ -6,9 +6,10 @@
 * :class:`~splice.TrajectoryIds` — the id spaces that keep trajectory ids unique across collectors.
 """
 
+from splice.collectors._episodes import EpisodeStats
 from splice.collectors.background import BackgroundRunner
 from splice.collectors.collector import Collector
 from splice.collectors.ids import TrajectoryIds
-from splice.collectors.rollout import EpisodeStats, RolloutLoop
+from splice.collectors.rollout import RolloutLoop
 
 __all__ = ["BackgroundRunner", "Collector", "EpisodeStats", "RolloutLoop", "TrajectoryIds"]

@@ -11,7 +11,7 @@
   gradient step per ``frames_per_update`` collected frames. The learner keeps that ratio
   by pausing the collector when it runs ahead (a sample-to-insert rate limiter).
 
-Three agents share everything but what the issue compares:
+Three agents share everything but how they use memory:
 
 * ``"recurrent"``: the above.
 * ``"mlp"``: a memoryless MLP Q-network on the same masked observations and sequences.

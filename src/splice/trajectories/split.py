@@ -37,8 +37,11 @@ def split_trajectories(
     flattened env-major. Trajectory boundaries come from the ids at ``trajectory_key`` (default
     ``(prefix, "traj_ids")``, prefix ``"collector"`` when present) or, when there are no ids,
     from ``("next", done_key)`` (default ``("next", "done")``); the derived ids are written to
-    the output. Steps whose id is negative, or whose existing mask is False, are padding and
-    are dropped.
+    the output. Steps whose id is ``-1``, or whose existing mask is False, are padding and
+    are dropped; an id below ``-1`` is refused (see :func:`splice.layout.check_trajectory_ids`).
+    A batch without real steps (``[0]``, ``[B, 0]``, all padding) gives an empty output:
+    ``[0, 0]`` padded, ``[0]`` jagged; a strided nested tensor cannot have zero rows, so
+    ``as_nested=True`` refuses it.
 
     Args:
         td: the batch of steps.
@@ -55,8 +58,9 @@ def split_trajectories(
 
     Raises:
         TypeError: ``td`` is not a TensorDict.
-        LayoutError: missing ids and done flags, non-integer ids, or a shape mismatch
-            (the batch contract of :mod:`splice.contract`).
+        LayoutError: missing ids and done flags, non-integer ids, ids below ``-1``, or a shape
+            mismatch (the batch contract of :mod:`splice.contract`).
+        ValueError: ``as_nested=True`` (strided) for a batch without real steps.
 
     Examples:
         >>> import torch
@@ -213,7 +217,18 @@ def to_nested(
     """One nested tensor per key (rows = trajectories) plus an all-True nested mask.
 
     Zero-copy when the steps are already laid out trajectory after trajectory.
+
+    Raises:
+        ValueError: no trajectory at all with the strided layout (torch has no zero-row strided
+            nested tensor with per-step dims).
     """
+    if index.n_rows == 0 and layout == torch.strided:
+        raise ValueError(
+            "split_trajectories(as_nested=True): the batch has no real steps (empty, or all "
+            "padding), and a strided nested tensor cannot have zero rows; use "
+            "as_nested=torch.jagged or the padded output (as_nested=False), which return an "
+            "empty result"
+        )
     if not index.cat_is_identity():
         order = index.cat_order()
         columns = {key: take_rows(x, order) for key, x in columns.items()}
@@ -221,10 +236,11 @@ def to_nested(
     columns[mask_key] = torch.ones(index.n_steps, dtype=torch.bool, device=index.row.device)
     if layout == torch.jagged:
         offsets = index.offsets()
+        min_len = int(index.lengths.min()) if index.n_rows else 0
         return TensorDict(
             {
                 key: torch.nested.nested_tensor_from_jagged(
-                    x, offsets, min_seqlen=int(index.lengths.min()), max_seqlen=index.max_len
+                    x, offsets, min_seqlen=min_len, max_seqlen=index.max_len
                 )
                 for key, x in columns.items()
             },
