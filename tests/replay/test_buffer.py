@@ -303,3 +303,16 @@ def test_slicing_a_buffer_that_is_not_full() -> None:
         rb[4]
     rb.extend(TensorDict({"x": torch.arange(4, 13)}, [9]))  # wraps: all 10 rows, storage order
     assert rb[:]["x"].tolist() == [10, 11, 12, 3, 4, 5, 6, 7, 8, 9]
+
+
+@pytest.mark.parametrize("later", [False, True])
+def test_ids_below_minus_one_are_refused_like_everywhere_else(later: bool) -> None:
+    """The batch contract refuses an id below -1 (corrupt data, not padding) in every layer:
+    in the first batch and in later ones, with nothing stored."""
+    rb = ReplayBuffer(storage=LazyTensorStorage(10))
+    if later:
+        rb.extend(TensorDict({TRAJ_IDS: torch.tensor([0, 0]), "x": torch.zeros(2)}, [2]))
+    bad = TensorDict({TRAJ_IDS: torch.tensor([1, -7, 1]), "x": torch.ones(3)}, [3])
+    with pytest.raises(LayoutError, match="below -1, the first -7 at flat position 1"):
+        rb.extend(bad)
+    assert len(rb) == (2 if later else 0)

@@ -13,8 +13,8 @@ Accepted TensorDict layouts (all produced by splice's collectors and trajectory 
   batch of two or more dims that carries the mask key is treated as padded).
 
 Flattening and checking follow the batch contract (:func:`splice.contract.flatten_steps`):
-rows whose trajectory id is negative (``-1`` marks padding) are dropped too, and integer ids
-of any dtype are read as int64. Nothing here mutates anything.
+rows whose trajectory id is ``-1`` (padding) are dropped too, an id below ``-1`` is refused,
+and integer ids of any dtype are read as int64. Nothing here mutates anything.
 """
 
 from __future__ import annotations
