@@ -23,6 +23,7 @@ DOCS = ROOT / "docs"
 PUBLIC_MODULES = [
     "splice",
     "splice.layout",
+    "splice.contract",
     "splice.testing",
     "splice.envs",
     "splice.policies",

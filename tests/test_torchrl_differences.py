@@ -117,6 +117,24 @@ def test_argument_names_map_one_to_one():
         ReplayBuffer.__init__
     )
     assert {"max_size", "device"} <= params(TStorage.__init__) & params(LazyTensorStorage.__init__)
+    from torchrl.data import LazyMemmapStorage as TMemmap
+    from torchrl.data import PrioritizedSampler as TPrioritized
+    from torchrl.data import SamplerWithoutReplacement as TWithout
+
+    assert {"max_size", "scratch_dir", "device", "ndim", "auto_cleanup"} <= params(
+        TMemmap.__init__
+    ) & params(splice.LazyMemmapStorage.__init__)
+    assert {"max_capacity", "alpha", "beta", "eps", "reduction"} <= params(
+        TPrioritized.__init__
+    ) & params(splice.PrioritizedSampler.__init__)
+    assert {"drop_last", "shuffle"} <= params(TWithout.__init__) & params(
+        splice.SamplerWithoutReplacement.__init__
+    )
+    assert "generator" in params(TReplayBuffer.__init__) & params(ReplayBuffer.__init__)
+    in_place = ["set_at_", "set_", "update_", "state_dict", "load_state_dict", "__setitem__"]
+    assert all(hasattr(TReplayBuffer, m) and hasattr(ReplayBuffer, m) for m in in_place)
+    assert all(hasattr(TCollector, m) for m in ("next", "reset", "set_seed"))
+    assert all(hasattr(Collector, m) for m in ("next", "reset", "set_seed"))
     split_kw = {"prefix", "trajectory_key", "done_key", "as_nested"}
     t_split = inspect.signature(torchrl_split).parameters
     s_split = inspect.signature(split_trajectories).parameters

@@ -107,13 +107,14 @@ class SyntheticStream:
             chunk (``is_init`` True). ``False``: it was already under way.
         set_truncated: mark collector cuts with ``truncated``/``done`` too (TorchRL's
             ``set_truncated``); ``("collector", "cut")`` is set either way.
-        labels: add ``"g"`` (global step index), ``"episode"`` (the episode's id) and ``"t"``
+        labels: add ``"g"`` (global step index), ``"ep"`` (the episode's id) and ``"t"``
             (the step within the episode, counted from the episode's first step), int64.
+            (Not ``"episode"``: TorchRL's trajectory-id key, which replay buffers detect.)
 
     Examples:
         >>> stream = SyntheticStream(n_env=3, mean_len=4.0, seed=1, labels=True)
         >>> a, b = stream.chunk(6), stream.chunk(6)
-        >>> bool((b["episode"][:, 0] == a["episode"][:, -1])[~a["next", "done"][:, -1, 0]].all())
+        >>> bool((b["ep"][:, 0] == a["ep"][:, -1])[~a["next", "done"][:, -1, 0]].all())
         True
     """
 
@@ -217,7 +218,7 @@ class SyntheticStream:
         }
         if self.labels:
             entries["g"] = gt
-            entries["episode"] = torch.from_numpy(ids.copy())
+            entries["ep"] = torch.from_numpy(ids.copy())
             entries["t"] = torch.from_numpy(t)
         return TensorDict(entries, batch_size=[b, steps])
 
@@ -266,7 +267,7 @@ def assert_slices_contiguous(
     ``labels=True``) is one episode's consecutive steps followed by padding only.
 
     Args:
-        sample: ``[S, L]`` slices with the ``"g"``, ``"episode"`` and ``"t"`` labels; real steps
+        sample: ``[S, L]`` slices with the ``"g"``, ``"ep"`` and ``"t"`` labels; real steps
             are marked by ``("collector", "mask")`` (all real if absent).
         live: the global steps still stored; a step outside it (overwritten data) fails.
         labels: kept for symmetry with :class:`SyntheticStream`; must be True.
@@ -285,7 +286,7 @@ def assert_slices_contiguous(
     valid = sample.get(MASK, None)
     if valid is None:
         valid = torch.ones(sample.batch_size, dtype=torch.bool)
-    g, episode, t = sample["g"], sample["episode"], sample["t"]
+    g, episode, t = sample["g"], sample["ep"], sample["t"]
     for i in range(sample.batch_size[0]):
         v = valid[i]
         n = int(v.sum())

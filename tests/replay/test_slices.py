@@ -115,17 +115,15 @@ def test_every_slice_is_a_contiguous_live_piece_of_one_trajectory(
         if n_burn < burn_in and (ids or layout == "bt"):
             first_t = min(
                 int(t)
-                for t, e in zip(sample["t"][i].tolist(), sample["episode"][i].tolist(), strict=True)
-                if e == int(sample["episode"][i, 0])
+                for t, e in zip(sample["t"][i].tolist(), sample["ep"][i].tolist(), strict=True)
+                if e == int(sample["ep"][i, 0])
             )
             rows = torch.from_numpy(rb.index.live_rows())
             stored = rb.storage.gather(rows)
             stored_ts = [
                 int(tt)
-                for tt, ee in zip(
-                    stored[("t",)].tolist(), stored[("episode",)].tolist(), strict=True
-                )
-                if ee == int(sample["episode"][i, 0])
+                for tt, ee in zip(stored[("t",)].tolist(), stored[("ep",)].tolist(), strict=True)
+                if ee == int(sample["ep"][i, 0])
             ]
             assert first_t == min(stored_ts)
         end = int(valid[i].sum()) - 1
@@ -377,3 +375,31 @@ def test_non_strict_transition_weighting_starts_uniformly_and_covers_episode_end
     covered = (s["pos"] == 99) & mask
     expected = 10 / 100 * s.shape[0]
     assert abs(int(covered.sum()) - expected) < 4 * expected**0.5
+
+
+@pytest.mark.parametrize("kind", ["prioritized", "trajectory"])
+def test_non_strict_samples_short_trajectories_whole(kind: str) -> None:
+    """Issue 10, bug 3: ``PrioritizedSliceSampler(strict_length=False)`` cut a 5-step
+    trajectory into slices of 1-5 steps; like ``SliceSampler`` and TorchRL it samples a
+    trajectory shorter than ``slice_len`` whole, and longer ones in full slices."""
+    if kind == "prioritized":
+        sampler = PrioritizedSliceSampler(slice_len=10, strict_length=False, seed=0)
+    else:
+        sampler = SliceSampler(slice_len=10, strict_length=False, seed=0)
+    rb = ReplayBuffer(storage=LazyTensorStorage(100), sampler=sampler, batch_size=10 * 50)
+    ids = torch.tensor([0] * 5 + [1] * 20)
+    rb.extend(TensorDict({TRAJ_IDS: ids, "t": torch.arange(25)}, [25]))
+    lengths: dict[int, set[int]] = {0: set(), 1: set()}
+    for _ in range(4):
+        s, info = rb.sample(return_info=True, as_sequences=True)
+        for i in range(s.shape[0]):
+            n = int(info["length"][i])
+            lengths[int(s[TRAJ_IDS][i, 0])].add(n)
+            if s[TRAJ_IDS][i, 0] == 0:
+                assert s["t"][i, :n].tolist() == [0, 1, 2, 3, 4]
+    assert lengths == {0: {5}, 1: {10}}
+    # The short trajectory grows: its short slice moves to its new last step, then it
+    # becomes long enough for full slices only.
+    rb.extend(TensorDict({TRAJ_IDS: torch.tensor([0] * 7), "t": torch.arange(25, 32)}, [7]))
+    s, info = rb.sample(return_info=True, as_sequences=True)
+    assert set(info["length"].tolist()) == {10}

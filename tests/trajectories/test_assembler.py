@@ -156,7 +156,12 @@ def test_bad_input_leaves_state_unchanged() -> None:
         (make_batch([0, 0], [False, False]).exclude(DONE), "end-of-episode flag"),
         (make_batch([0, 0], [False, False]).set("extra", torch.zeros(2)), "unexpected"),
         (make_batch([0, 0], [False, False]).set("obs", torch.zeros(2)), "'obs'"),
-        (make_batch([0, 0], [False, False]).set(TRAJ_IDS, torch.zeros(2)), "integer ids"),
+        (make_batch([0, 0], [False, False]).set(TRAJ_IDS, torch.zeros(2)), "integer dtype"),
+        (
+            make_batch([0, 0], [False, False]).set(TRAJ_IDS, torch.zeros(2, dtype=torch.complex64)),
+            "integer dtype",
+        ),
+        (make_batch([0, 0], [False, False]).set(MASK, torch.ones(2)), "mask must have dtype"),
         (make_batch([0, 0], [False, False]).set(DONE, torch.zeros(2, 1)), "bool flag"),
         (make_batch([0, 0], [False, False]).unsqueeze(0).unsqueeze(0), r"\[T\] or \[B, T\]"),
     ]
@@ -164,6 +169,9 @@ def test_bad_input_leaves_state_unchanged() -> None:
         with pytest.raises(LayoutError, match=match):
             asm.ingest(batch)
         assert (len(asm), asm.frames_buffered, asm.num_in_flight) == snapshot
+    with pytest.raises(TypeError, match="expects a TensorDict, got dict"):
+        asm.ingest(dict(make_batch([0, 0], [False, False]).items()))
+    assert (len(asm), asm.frames_buffered, asm.num_in_flight) == snapshot
     asm.ingest(make_batch([0], [True]))
     assert asm.emit(1)["obs"].tolist() == [[0, 1, 0]]
 
@@ -335,11 +343,6 @@ def test_batches_without_real_steps_add_nothing() -> None:
     assert asm.ingest(empty) == 0
     assert asm.ingest(make_batch([-1, -1], [True, False])) == 0  # all padding
     assert state(asm) == before
-
-
-def test_ingest_of_something_else_than_a_tensordict_is_a_type_error() -> None:
-    with pytest.raises(TypeError, match="ingest expects a TensorDict, got dict"):
-        TrajectoryAssembler().ingest({TRAJ_IDS: torch.tensor([0])})  # type: ignore[arg-type]
 
 
 @settings(max_examples=40, deadline=None)

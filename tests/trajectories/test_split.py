@@ -177,9 +177,10 @@ def test_empty_batch() -> None:
     ("td", "match"),
     [
         (TensorDict({"x": torch.zeros(3)}, [3]), "no trajectory ids at .*'traj_ids'.* no done"),
-        (TensorDict({TRAJ_IDS: torch.zeros(3)}, [3]), "must be integers, got torch.float32"),
-        (TensorDict({TRAJ_IDS: torch.zeros(3, dtype=torch.bool)}, [3]), "must be integers"),
-        (TensorDict({TRAJ_IDS: torch.zeros(3, 1, dtype=torch.long)}, [3]), r"expected shape \[3\]"),
+        (TensorDict({TRAJ_IDS: torch.zeros(3)}, [3]), "integer dtype .* got dtype torch.float32"),
+        (TensorDict({TRAJ_IDS: torch.zeros(3, dtype=torch.bool)}, [3]), "integer dtype"),
+        (TensorDict({TRAJ_IDS: torch.zeros(3, dtype=torch.complex64)}, [3]), "integer dtype"),
+        (TensorDict({TRAJ_IDS: torch.zeros(3, 1, dtype=torch.long)}, [3]), r"shape \[3\], got"),
         (TensorDict({DONE: torch.zeros(2, 1, dtype=torch.bool)}, [2]), None),
         (TensorDict({TRAJ_IDS: torch.tensor(1)}, []), "at least one"),
     ],
@@ -190,6 +191,21 @@ def test_bad_input_raises_a_clear_error(td: TensorDict, match: str | None) -> No
         return
     with pytest.raises(LayoutError, match=match):
         split_trajectories(td)
+
+
+@pytest.mark.parametrize("fn", [split_trajectories, cat_trajectories])
+def test_a_dict_is_refused_with_a_type_error(fn) -> None:
+    """Issue 10, bug 5: a plain dict gave ``AttributeError: 'dict' object has no attribute
+    'ndim'``; a public function names the wrong type instead."""
+    with pytest.raises(TypeError, match="expects a TensorDict, got dict"):
+        fn({"observation": torch.zeros(3), TRAJ_IDS: torch.zeros(3, dtype=torch.long)})
+
+
+def test_int32_ids_are_read_as_int64_and_kept_in_the_output() -> None:
+    ids = torch.tensor([[3, 3, 5], [4, 4, 4]], dtype=torch.int32)
+    out = split_trajectories(TensorDict({TRAJ_IDS: ids}, [2, 3]))
+    assert out[TRAJ_IDS].dtype == torch.int32
+    assert out[TRAJ_IDS].tolist() == [[3, 3, -1], [5, -1, -1], [4, 4, 4]]
 
 
 def test_bad_nested_argument() -> None:
@@ -305,11 +321,6 @@ def test_strided_nested_split_without_real_steps_is_a_clear_error_not_a_segfault
         run.stdout
     )
     assert "torch.jagged" in run.stdout  # it says what to use instead
-
-
-def test_split_of_something_else_than_a_tensordict_is_a_type_error() -> None:
-    with pytest.raises(TypeError, match="split_trajectories expects a TensorDict, got dict"):
-        split_trajectories({TRAJ_IDS: torch.tensor([0, 0])})  # type: ignore[arg-type]
 
 
 # ------------------------------------------------------------ ids below -1 (issue 11, item 8)

@@ -25,18 +25,16 @@ from __future__ import annotations
 import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 from tensordict.utils import NestedKey
 
 from splice.envs.infos import InfoKey, InfoKeysLike, parse_info_keys
-from splice.layout import OBSERVATION, as_key_tuple
+from splice.layout import OBSERVATION, TRAJ_FORMATS, TrajFormat, as_key_tuple
 from splice.policies import as_policy
 
 __all__ = ["CollectorSettings", "positive_int", "require_int"]
-
-TrajFormat = Literal["padded", "cat"]
 
 
 def require_int(name: str, value: Any) -> int:
@@ -164,7 +162,7 @@ class CollectorSettings:
                 raise ValueError(
                     "traj_format only applies with trajs_per_batch; set trajs_per_batch=N"
                 )
-            if traj_format not in ("padded", "cat"):
+            if traj_format not in TRAJ_FORMATS:
                 raise ValueError(f"traj_format must be 'padded' or 'cat', got {traj_format!r}")
         if replay_buffer is not None and not callable(getattr(replay_buffer, "extend", None)):
             raise TypeError(

@@ -3,21 +3,21 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
 import torch
-from tensordict import TensorDict
+from tensordict import TensorDict, TensorDictBase
 from tensordict.utils import NestedKey
 
 from splice.collectors._base import CollectorBase
-from splice.collectors._settings import CollectorSettings, TrajFormat
+from splice.collectors._settings import CollectorSettings
 from splice.collectors.ids import TrajectoryIds
 from splice.collectors.rollout import RolloutLoop
 from splice.envs import EnvLike, make_adapter
 from splice.envs.infos import InfoKeysLike
-from splice.layout import OBSERVATION
+from splice.layout import OBSERVATION, TrajFormat
 from splice.policies import ModulePolicy
 
 __all__ = ["Collector"]
@@ -211,6 +211,7 @@ class Collector(CollectorBase):
             progress=progress,
             track_episodes=track_episodes,
         )
+        self._next_iter: Iterator[TensorDictBase] | None = None  # next()'s iteration
 
     @property
     def num_envs(self) -> int:
@@ -226,6 +227,67 @@ class Collector(CollectorBase):
 
     def _restart(self) -> None:
         self._loop.restart()
+
+    def next(self) -> TensorDictBase | None:
+        """The next batch (as TorchRL's ``collector.next()``), or None once ``total_frames``
+        is reached. Successive calls continue one iteration.
+
+        Raises:
+            RuntimeError: while collecting in the background.
+        """
+        if self._next_iter is None:
+            self._next_iter = iter(self)
+        try:
+            return next(self._next_iter)
+        except StopIteration:
+            return None
+
+    def reset(self) -> None:
+        """Start over: the envs are reset at the next batch (new episodes, new ids), episodes
+        in flight and buffered complete episodes (``trajs_per_batch``) are dropped. The frame
+        count goes on.
+
+        Raises:
+            RuntimeError: while collecting in the background.
+        """
+        self._start_over(None)
+
+    def set_seed(self, seed: int) -> int:
+        """Seed the envs and the random actions: the envs are reset with ``seed`` at the next
+        batch (env ``i`` of a vector env gets ``seed + i``, gymnasium's rule), as after
+        :meth:`reset`. Two runs after the same ``set_seed`` give the same data (ids aside).
+
+        Returns:
+            The seed of the last env, ``seed + num_envs - 1`` (TorchRL returns the last
+            env's seed too).
+
+        Raises:
+            TypeError: ``seed`` is not an int.
+            RuntimeError: while collecting in the background.
+
+        Examples:
+            >>> from splice import Collector
+            >>> collector = Collector("CartPole-v1", num_envs=2, frames_per_batch=20)
+            >>> collector.set_seed(7)
+            8
+            >>> first = collector.next()
+            >>> _ = collector.set_seed(7)
+            >>> again = collector.next()
+            >>> bool((first["observation"] == again["observation"]).all())
+            True
+            >>> collector.shutdown()
+        """
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise TypeError(f"seed must be an int, got {type(seed).__name__}")
+        self._start_over(seed)
+        return seed + self.num_envs - 1
+
+    def _start_over(self, seed: int | None) -> None:
+        if self.running:
+            raise RuntimeError("the collector is collecting in the background; shut it down first")
+        self._loop.restart(seed)
+        if self._assembler is not None:
+            self._assembler.reset()
 
     def _close(self) -> None:
         self._loop.close()

@@ -140,9 +140,12 @@ class RolloutLoop:
         )
 
     # -------------------------------------------------------------------- state
-    def restart(self) -> None:
+    def restart(self, seed: int | None = None) -> None:
         """Forget everything in flight: the next :meth:`collect` resets every env and starts new
-        episodes (new ids), with no carried-over steps."""
+        episodes (new ids), with no carried-over steps; with ``seed``, that reset and the
+        random actions are seeded."""
+        if seed is not None:
+            self._seed = seed
         self._started = False
 
     def reset_envs(self) -> None:

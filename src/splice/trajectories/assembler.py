@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
-from typing import Literal
 
 import numpy as np
 import torch
@@ -13,24 +11,25 @@ from tensordict.utils import NestedKey
 from torch import Tensor
 
 from splice._gather import take_rows
+from splice.contract import Steps, flatten_steps
 from splice.layout import (
     CUT,
     DONE,
     MASK,
+    TRAJ_FORMATS,
     TRAJ_IDS,
+    Key,
     LayoutError,
+    TrajFormat,
     as_key_tuple,
-    check_trajectory_ids,
+    fmt_key,
 )
 from splice.trajectories._id_set import IdSet
 from splice.trajectories._index import index_by_id, index_by_row
-from splice.trajectories._tensordict import Key, leaves, replace_last
+from splice.trajectories._tensordict import replace_last
 from splice.trajectories.split import to_padded
 
-__all__ = ["Drained", "TrajFormat", "TrajectoryAssembler"]
-
-TrajFormat = Literal["padded", "cat"]
-_FORMATS = ("padded", "cat")
+__all__ = ["Drained", "TrajectoryAssembler"]
 
 
 class TrajectoryAssembler:
@@ -171,25 +170,17 @@ class TrajectoryAssembler:
                 for an id that already completed, or keys that differ from the batches
                 ingested before.
         """
-        ids, ends, cut = self._read_batch(batch)
-        n_env, n_time = (1, batch.shape[0]) if batch.ndim == 1 else batch.shape
-        n = n_env * n_time
-        columns = {
-            key: x.reshape(n, *x.shape[batch.ndim :])
-            for key, x in leaves(batch)
-            if key not in (self.mask_key, self.cut_key)
-        }
-        valid = ids >= 0
-        mask = batch.get(self.mask_key, None)
-        if mask is not None:
-            valid &= mask.reshape(-1).to(torch.bool)
+        ids, ends, cut, steps = self._read_batch(batch)
+        n_env, n_time = steps.n_envs, steps.steps_per_env
+        columns = {key: x for key, x in steps.columns.items() if key != self.cut_key}
         # Completion order: by time step, then env row (flat index is env-major).
         flat_pos = torch.arange(ids.numel())
         completion_key = (flat_pos % n_time) * n_env + flat_pos // n_time
-        ends &= valid
+        if steps.real is not None:
+            ends &= steps.real
         done_ids = ids[ends][torch.argsort(completion_key[ends])]
-        if not bool(valid.all()):
-            keep = valid.nonzero().squeeze(1)
+        if steps.real is not None:
+            keep = steps.real.nonzero().squeeze(1)
             columns = {key: take_rows(x, keep) for key, x in columns.items()}
             ids, cut, ends = ids[keep], cut[keep], ends[keep]
         self._refuse_completed_ids(ids, ends)
@@ -220,7 +211,7 @@ class TrajectoryAssembler:
         if self._completed.intersects(run_ids):
             seen = self._completed.contains(run_ids)
             raise LayoutError(
-                f"key {self.trajectory_key!r}: steps for trajectory id(s) "
+                f"key {fmt_key(self.trajectory_key)}: steps for trajectory id(s) "
                 f"{_preview(np.unique(run_ids[seen]))} that already completed in an earlier "
                 "batch (ids are never reused; was a batch ingested twice?)"
             )
@@ -240,56 +231,44 @@ class TrajectoryAssembler:
 
     def _raise_after_end(self, ids: np.ndarray) -> None:
         raise LayoutError(
-            f"key {self.trajectory_key!r}: trajectory id(s) {_preview(np.unique(ids))} have "
+            f"key {fmt_key(self.trajectory_key)}: trajectory id(s) {_preview(np.unique(ids))} have "
             "steps after the step that ends them (ids are never reused)"
         )
 
-    def _read_batch(self, batch: TensorDictBase) -> tuple[Tensor, Tensor, Tensor]:
+    def _read_batch(self, batch: TensorDictBase) -> tuple[Tensor, Tensor, Tensor, Steps]:
+        """Ids, end flags (episode ends that are not cuts) and cut flags, all ``[N]``."""
         if not isinstance(batch, TensorDictBase):
             raise TypeError(f"ingest expects a TensorDict, got {type(batch).__name__}")
         if batch.ndim not in (1, 2):
             raise LayoutError(
                 f"ingest expects a [T] or [B, T] batch, got batch shape {list(batch.batch_size)}"
             )
-        ids = batch.get(self.trajectory_key, None)
-        if ids is None:
-            raise LayoutError(f"missing key {self.trajectory_key!r}: trajectory ids are required")
-        if ids.dtype.is_floating_point or ids.dtype == torch.bool or ids.shape != batch.shape:
+        steps = flatten_steps(
+            batch,
+            ids_key=self.trajectory_key,
+            mask_key=self.mask_key,
+            context="a TrajectoryAssembler batch",
+        )
+        if steps.ids is None:
             raise LayoutError(
-                f"key {self.trajectory_key!r}: expected integer ids of shape "
-                f"{list(batch.batch_size)}, got dtype {ids.dtype} and shape {list(ids.shape)}"
+                f"missing key {fmt_key(self.trajectory_key)}: trajectory ids are required"
             )
-        check_trajectory_ids(ids, self.trajectory_key)
-        ends = torch.zeros(batch.shape, dtype=torch.bool)
+        ends = torch.zeros(steps.n, dtype=torch.bool)
         found = False
         for key in (self.done_key, self.terminated_key, self.truncated_key):
-            flag = batch.get(key, None)
-            if flag is None:
-                continue
-            found = True
-            ends |= self._per_step(flag, key, batch)
+            flag = steps.flag(key)
+            if flag is not None:
+                found = True
+                ends |= flag
         if not found:
             raise LayoutError(
-                f"missing key {self.done_key!r}: an end-of-episode flag (done, terminated or "
-                "truncated) is required"
+                f"missing key {fmt_key(self.done_key)}: an end-of-episode flag (done, "
+                "terminated or truncated) is required"
             )
-        cut_flag = batch.get(self.cut_key, None)
-        cut = (
-            torch.zeros(batch.shape, dtype=torch.bool)
-            if cut_flag is None
-            else self._per_step(cut_flag, self.cut_key, batch)
-        )
-        return ids.reshape(-1).to(torch.int64), (ends & ~cut).reshape(-1), cut.reshape(-1)
-
-    @staticmethod
-    def _per_step(flag: Tensor, key: Key, batch: TensorDictBase) -> Tensor:
-        if flag.dtype != torch.bool or tuple(flag.shape[: batch.ndim]) != tuple(batch.shape):
-            raise LayoutError(
-                f"key {key!r}: expected a bool flag of shape {list(batch.batch_size)} or "
-                f"{[*batch.batch_size, 1]}, got dtype {flag.dtype} and shape {list(flag.shape)}"
-            )
-        per_step = math.prod(flag.shape[batch.ndim :])  # not -1: a [B, 0] batch has no steps
-        return flag.reshape(*batch.shape, per_step).any(-1)
+        cut = steps.flag(self.cut_key)
+        if cut is None:
+            cut = torch.zeros(steps.n, dtype=torch.bool)
+        return steps.ids, ends & ~cut, cut, steps
 
     def _check_schema(self, columns: dict[Key, Tensor]) -> None:
         schema = {key: (x.dtype, x.shape[1:]) for key, x in columns.items()}
@@ -302,13 +281,15 @@ class TrajectoryAssembler:
         extra = sorted(set(schema) - set(self._schema))
         if missing or extra:
             raise LayoutError(
-                f"batch keys differ from earlier batches: missing {missing}, unexpected {extra}"
+                "batch keys differ from earlier batches: missing "
+                f"[{', '.join(map(fmt_key, missing))}], unexpected "
+                f"[{', '.join(map(fmt_key, extra))}]"
             )
         for key, (dtype, feature) in schema.items():
             want_dtype, want_feature = self._schema[key]
             if (dtype, feature) != (want_dtype, want_feature):
                 raise LayoutError(
-                    f"key {key!r}: expected dtype {want_dtype} and per-step shape "
+                    f"key {fmt_key(key)}: expected dtype {want_dtype} and per-step shape "
                     f"{list(want_feature)} as in earlier batches, got dtype {dtype} and "
                     f"per-step shape {list(feature)}"
                 )
@@ -468,24 +449,26 @@ class TrajectoryAssembler:
             return TensorDict({}, batch_size=[0, 0] if traj_format == "padded" else [0])
         if traj_format == "cat":
             steps = steps[index.cat_order()]  # trajectory after trajectory
-        flat = TensorDict(
-            {key: take_rows(x, steps) for key, x in self._pool.items()},
-            batch_size=[steps.numel()],
-            device=self._device,
-        )
+        flat = {key: take_rows(x, steps) for key, x in self._pool.items()}
         if cut_from < n_rows:
             if traj_format == "cat":
                 last = index.offsets()[1:][cut_from:] - 1
             else:
                 last = (index.pos == index.lengths[index.row] - 1) & (index.row >= cut_from)
-            flat.get(self.cut_key)[last] = True
+            flat[self.cut_key][last] = True
         self._alive[steps] = False
         self._n_dead += steps.numel()
         if self._n_dead * 2 > self._size:
             self._compact()
         if traj_format == "cat":
-            return flat
-        return to_padded(flat, index, ids_key=self.trajectory_key, mask_key=self.mask_key)
+            return TensorDict(flat, batch_size=[steps.numel()], device=self._device)
+        return to_padded(
+            flat,
+            index,
+            ids_key=self.trajectory_key,
+            mask_key=self.mask_key,
+            device=self._device,
+        )
 
 
 @dataclass(frozen=True)
@@ -538,5 +521,5 @@ def _preview(ids: np.ndarray, limit: int = 5) -> str:
 
 
 def _check_format(traj_format: str) -> None:
-    if traj_format not in _FORMATS:
-        raise ValueError(f"traj_format must be one of {_FORMATS}, got {traj_format!r}")
+    if traj_format not in TRAJ_FORMATS:
+        raise ValueError(f"traj_format must be one of {TRAJ_FORMATS}, got {traj_format!r}")
