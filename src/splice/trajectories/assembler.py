@@ -16,12 +16,12 @@ from splice.layout import (
     CUT,
     DONE,
     MASK,
-    TRAJ_FORMATS,
     TRAJ_IDS,
     Key,
     LayoutError,
     TrajFormat,
     as_key_tuple,
+    check_traj_format,
     fmt_key,
 )
 from splice.trajectories._id_set import IdSet
@@ -361,7 +361,7 @@ class TrajectoryAssembler:
             ValueError: ``n`` larger than the number of complete episodes, or an unknown
                 ``traj_format``. Nothing is removed in that case.
         """
-        _check_format(traj_format)
+        check_traj_format(traj_format)
         available = len(self)
         n = available if n is None else n
         if not 0 <= n <= available:
@@ -380,7 +380,7 @@ class TrajectoryAssembler:
         its last step has ``("collector", "cut") = True`` and no done flag from the
         environment. Complete episodes stay buffered for :meth:`emit`.
         """
-        _check_format(traj_format)
+        check_traj_format(traj_format)
         row_of_step, n_rows = self._in_flight_rows(first_row=0)
         if n_rows == 0:
             return None
@@ -407,7 +407,7 @@ class TrajectoryAssembler:
             >>> asm.drain().batch is None  # nothing left
             True
         """
-        _check_format(traj_format)
+        check_traj_format(traj_format)
         n_complete = len(self)
         row_of_step = _rank_in(self._ids[: self._size], self._complete)
         flight_rows, n_flight = self._in_flight_rows(first_row=n_complete)
@@ -519,7 +519,3 @@ def _preview(ids: np.ndarray, limit: int = 5) -> str:
     shown = ", ".join(str(i) for i in ids[:limit].tolist())
     return f"[{shown}]" if ids.size <= limit else f"[{shown}, ...] ({ids.size} ids)"
 
-
-def _check_format(traj_format: str) -> None:
-    if traj_format not in TRAJ_FORMATS:
-        raise ValueError(f"traj_format must be one of {TRAJ_FORMATS}, got {traj_format!r}")
