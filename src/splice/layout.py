@@ -88,6 +88,7 @@ def check_traj_format(traj_format: object) -> None:
     if traj_format not in TRAJ_FORMATS:
         raise ValueError(f"traj_format must be one of {TRAJ_FORMATS}, got {traj_format!r}")
 
+
 #: The sub-TensorDict holding what the env returned after the step's action.
 NEXT = "next"
 #: The observation entering the step (env's dtype and shape; nested keys for Dict spaces).

@@ -107,3 +107,61 @@ def test_staged_episodes_equal_the_assembler_on_plain_batches(
             x.set(TRAJ_IDS, torch.where(ids >= 0, ids & (2**40 - 1), ids))
         _assert_same(g, w)
     assert got_returns == want_returns
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    lengths=st.lists(st.integers(1, 9), min_size=1, max_size=5),
+    steps=st.integers(1, 7),
+    n_batches=st.integers(1, 6),
+    trajs=st.integers(1, 4),
+    mode=st.sampled_from(MODES),
+    max_len=st.one_of(st.none(), st.integers(1, 6)),
+)
+def test_staged_episodes_hold_every_transition_once_in_order(
+    lengths, steps, n_batches, trajs, mode, max_len
+):
+    """Without the assembler as a reference: the emitted episodes (complete ones, then the
+    flushed in-flight ones) hold every step the envs took exactly once; each episode is one
+    env's consecutive steps under one id, starting at an episode start, ending with done
+    (complete) or the cut mark (flushed); an env's episodes come out in time order."""
+    b = len(lengths)
+    with Collector(
+        counting_vec(lengths, mode),
+        threshold_policy,
+        frames_per_batch=b * steps,
+        total_frames=b * steps * n_batches,
+        max_frames_per_traj=max_len,
+        trajs_per_batch=trajs,
+        traj_format="cat",
+        worker_id=92,
+    ) as c:
+        outs = list(c)
+    seen = {tag: [] for tag in range(b)}  # per env: the total-step counts, in emission order
+    flushed_from = None
+    for k, out in enumerate(outs):
+        ids = out.get(TRAJ_IDS)
+        assert bool((ids >> 40 == 92).all())  # the collector's own id space
+        bounds = torch.diff(ids, prepend=ids[:1] - 1).nonzero().flatten()
+        for first, stop in zip(bounds.tolist(), [*bounds[1:].tolist(), ids.numel()], strict=True):
+            ep = out[first:stop]
+            obs, nxt = ep["observation"], ep["next", "observation"]
+            tag = int(obs[0, 2])
+            assert bool((obs[:, 2] == tag).all())  # one env
+            assert torch.equal(nxt[:, 0], obs[:, 0] + 1)  # next is the step after, no reset obs
+            assert torch.equal(obs[1:, 0], obs[:-1, 0] + 1)  # consecutive steps
+            assert torch.equal(obs[1:, 1], obs[:-1, 1] + 1)  # within one episode
+            assert not bool(ep["next", "done"][:-1].any())
+            cut = bool(ep["collector", "cut"][-1])
+            assert not bool(ep["collector", "cut"][:-1].any())
+            if cut:  # flushed at the end: only in the last output, after the complete ones
+                assert k == len(outs) - 1
+                flushed_from = first if flushed_from is None else flushed_from
+                assert not bool(ep["next", "done"][-1])
+            else:
+                assert flushed_from is None or k < len(outs) - 1
+                assert bool(ep["next", "done"][-1]) and bool(ep["is_init"][0])
+            seen[tag].append(obs[:, 0].long())
+    for tag in range(b):
+        counts = torch.cat(seen[tag]) if seen[tag] else torch.zeros(0, dtype=torch.long)
+        assert torch.equal(counts, torch.arange(steps * n_batches))  # once each, in order

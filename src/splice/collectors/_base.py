@@ -62,6 +62,7 @@ class EpisodeSource(Protocol):
         """Forget everything."""
         ...
 
+
 #: How long interpreter exit waits for a background collection to finish its current batch.
 EXIT_TIMEOUT = 6.0  # ends worker processes within 10 s of exit, teardown included
 

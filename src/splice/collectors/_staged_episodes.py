@@ -37,15 +37,23 @@ Examples:
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import numpy as np
 import torch
 from tensordict import TensorDict
 
-from splice.collectors._episodes import EpisodeStats
 from splice._gather import stable_order
-from splice.collectors._staging import Span, Staging, nested_tensordict, runs_flat
+from splice.collectors._episodes import EpisodeStats
+from splice.collectors._staging import (
+    BATCH_KEYS,
+    FLAG_KEYS,
+    Span,
+    Staging,
+    nested_tensordict,
+    runs_flat,
+)
 from splice.collectors.ids import TrajectoryIds
 from splice.layout import (
     CUT,
@@ -65,37 +73,38 @@ from splice.trajectories.split import to_padded
 
 __all__ = ["StagedEpisodes"]
 
+
+def _empty() -> np.ndarray:
+    return np.zeros(0, np.int64)
+
+
 Key = tuple[str, ...]
-_FLAG_KEYS = (REWARD, (IS_INIT,), TERMINATED, TRUNCATED, DONE)  # stored with a trailing [1]
-_EXTRA = {DONE: ((), np.bool_), TRAJ_IDS: ((), np.int64), CUT: ((), np.bool_)}
 
 
+@dataclass(frozen=True)
 class _Runs:
-    """Episodes (or fragments) as runs of staging columns: parallel int64 arrays.
+    """Episodes (or fragments) as runs of staging columns: parallel int64 arrays, one entry
+    per episode.
 
     ``first`` is a *logical* column (``physical + Staging.base``), so it stays valid when
     staging moves its columns; ``batch`` is the index of the batch holding the first step.
     """
 
-    __slots__ = ("batch", "first", "id", "length", "row")
-
-    def __init__(self, **arrays: np.ndarray) -> None:
-        empty = np.zeros(0, np.int64)
-        for name in self.__slots__:
-            setattr(self, name, arrays.get(name, empty))
+    row: np.ndarray = field(default_factory=_empty)
+    first: np.ndarray = field(default_factory=_empty)
+    length: np.ndarray = field(default_factory=_empty)
+    id: np.ndarray = field(default_factory=_empty)
+    batch: np.ndarray = field(default_factory=_empty)
 
     def __len__(self) -> int:
         return int(self.row.size)
 
     def select(self, which: Any) -> _Runs:
-        return _Runs(**{name: getattr(self, name)[which] for name in self.__slots__})
+        return _Runs(*(getattr(self, f.name)[which] for f in fields(self)))
 
     def concat(self, other: _Runs) -> _Runs:
         return _Runs(
-            **{
-                name: np.concatenate([getattr(self, name), getattr(other, name)])
-                for name in self.__slots__
-            }
+            *(np.concatenate([getattr(self, f.name), getattr(other, f.name)]) for f in fields(self))
         )
 
 
@@ -298,7 +307,7 @@ class StagedEpisodes:
         st = self.staging
         n_steps = int(runs.length.sum())
         flat = runs_flat(runs.row, runs.first - st.base, runs.length, st.num_envs)
-        columns = st.gather(flat, (n_steps,), extra=_EXTRA)
+        columns = st.gather(flat, (n_steps,), extra=BATCH_KEYS)
         np.bitwise_or(columns[TERMINATED], columns[TRUNCATED], out=columns[DONE])
         columns[TRAJ_IDS][:] = np.repeat(runs.id, runs.length)
         cut = columns[CUT]
@@ -306,7 +315,7 @@ class StagedEpisodes:
         last = np.cumsum(runs.length) - 1
         cut[last[cut_from:]] = True
         if traj_format == "cat":
-            out = nested_tensordict(columns, _FLAG_KEYS, [n_steps])
+            out = nested_tensordict(columns, FLAG_KEYS, [n_steps])
         else:
             n = len(runs)
             row = np.repeat(np.arange(n), runs.length)
@@ -317,10 +326,9 @@ class StagedEpisodes:
                 torch.from_numpy(runs.length.copy()),
                 int(runs.length.max()) if n else 0,
             )
-            flat_td = nested_tensordict(columns, _FLAG_KEYS, [n_steps])
+            flat_td = nested_tensordict(columns, FLAG_KEYS, [n_steps])
             tensors = {key: flat_td.get(key) for key in columns}
             out = to_padded(tensors, index, ids_key=TRAJ_IDS, mask_key=MASK)
         if self.device is not None and self.device.type != "cpu":
             out = out.to(self.device)
         return out
-

@@ -44,16 +44,34 @@ from splice._gather import stable_order
 from splice._non_tensor import to_non_tensor
 from splice.envs import EnvAdapter, StepTargets
 from splice.envs.spaces import OBJECT, Leaf
-from splice.layout import ACTION, IS_INIT, NEXT, OBSERVATION, REWARD, TERMINATED, TRUNCATED
+from splice.layout import (
+    ACTION,
+    CUT,
+    DONE,
+    IS_INIT,
+    NEXT,
+    OBSERVATION,
+    REWARD,
+    TERMINATED,
+    TRAJ_IDS,
+    TRUNCATED,
+)
 
-__all__ = ["Span", "Staging", "nested_tensordict", "runs_flat"]
+__all__ = ["BATCH_KEYS", "FLAG_KEYS", "Span", "Staging", "nested_tensordict", "runs_flat"]
 
 Key = tuple[str, ...]
 
+#: The keys of a batch stored with a trailing ``[1]`` dim (the data contract's flags).
+FLAG_KEYS: tuple[Key, ...] = (REWARD, (IS_INIT,), TERMINATED, TRUNCATED, DONE)
+#: The keys of a batch computed when it is copied out (not staged): per-step shape, dtype.
+BATCH_KEYS: dict[Key, tuple[tuple[int, ...], Any]] = {
+    DONE: ((), np.bool_),
+    TRAJ_IDS: ((), np.int64),
+    CUT: ((), np.bool_),
+}
 
-def runs_flat(
-    row: np.ndarray, first: np.ndarray, length: np.ndarray, num_envs: int
-) -> np.ndarray:
+
+def runs_flat(row: np.ndarray, first: np.ndarray, length: np.ndarray, num_envs: int) -> np.ndarray:
     """The flat staging positions (``column * B + row``) of the steps of consecutive-column
     runs, run after run: ``row``, ``first`` (physical column) and ``length`` per run.
 
@@ -394,16 +412,11 @@ class _Recycler:
     ) -> dict[Key, np.ndarray]:
         n = math.prod(shape)
         sizes = [
-            0 if d == OBJECT else -(-n * math.prod(f) * d.itemsize // 64) * 64
-            for _, f, d in layout
+            0 if d == OBJECT else -(-n * math.prod(f) * d.itemsize // 64) * 64 for _, f, d in layout
         ]
         total = max(sum(sizes), 1)
         # 2 references: the attribute and getrefcount's argument; more: a batch holds it
-        if (
-            self._block is None
-            or self._block.nbytes < total
-            or sys.getrefcount(self._block) > 2
-        ):
+        if self._block is None or self._block.nbytes < total or sys.getrefcount(self._block) > 2:
             self._block = np.empty(total, np.uint8)
         block, out, offset = self._block, {}, 0
         for (key, feature, dtype), size in zip(layout, sizes, strict=True):

@@ -28,7 +28,7 @@ from splice.collectors._episodes import EpisodeStats, EpisodeTracker, TimeLimit
 from splice.collectors._policy_step import PolicyStep
 from splice.collectors._settings import positive_int
 from splice.collectors._staged_episodes import StagedEpisodes
-from splice.collectors._staging import Staging
+from splice.collectors._staging import BATCH_KEYS, FLAG_KEYS, Staging
 from splice.collectors.ids import TrajectoryIds
 from splice.envs import EnvAdapter
 from splice.envs.infos import InfoKeysLike
@@ -48,9 +48,6 @@ from splice.policies import as_policy
 __all__ = ["EpisodeStats", "RolloutLoop"]
 
 Key = tuple[str, ...]
-_FLAG_KEYS = (REWARD, (IS_INIT,), TERMINATED, TRUNCATED)  # stored with a trailing [1] dim
-#: Batch keys computed per batch (not staged): per-step shape and dtype.
-_BATCH_KEYS = {DONE: ((), np.bool_), TRAJ_IDS: ((), np.int64), CUT: ((), np.bool_)}
 
 
 class RolloutLoop:
@@ -375,7 +372,7 @@ class RolloutLoop:
 
     # ----------------------------------------------------------------- finalize
     def _finalize(self, *, random_batch: bool) -> TensorDict:
-        out = self.staging.take(extra=_BATCH_KEYS)
+        out = self.staging.take(extra=BATCH_KEYS)
         is_init, terminated, truncated = out[(IS_INIT,)], out[TERMINATED], out[TRUNCATED]
         done = np.bitwise_or(terminated, truncated, out=out[DONE])
         traj_ids = self.ids.label(is_init, self._row_ids, out=out[TRAJ_IDS])
@@ -391,7 +388,7 @@ class RolloutLoop:
         if random_batch:
             for key in self._policy_keys():
                 out[key][...] = 0
-        batch = self.staging.to_tensordict(out, flags=(*_FLAG_KEYS, DONE))
+        batch = self.staging.to_tensordict(out, flags=FLAG_KEYS)
         if self.storing_device is not None and self.storing_device.type != "cpu":
             batch = batch.to(self.storing_device)
         return batch

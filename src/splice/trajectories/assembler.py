@@ -518,4 +518,3 @@ def _preview(ids: np.ndarray, limit: int = 5) -> str:
     """``[3, 4, 9]``, or ``[3, 4, 9, 11, 12, ...] (8 ids)`` for long lists."""
     shown = ", ".join(str(i) for i in ids[:limit].tolist())
     return f"[{shown}]" if ids.size <= limit else f"[{shown}, ...] ({ids.size} ids)"
-
