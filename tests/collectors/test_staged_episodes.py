@@ -48,20 +48,34 @@ def _assert_same(got: TensorDict, want: TensorDict) -> None:
         assert torch.equal(got.get(key), want.get(key)), key
 
 
+CASE = {
+    "lengths": st.lists(st.integers(1, 9), min_size=1, max_size=5),
+    "steps": st.integers(1, 7),
+    "trajs": st.integers(1, 4),
+    "mode": st.sampled_from(MODES),
+    "max_len": st.one_of(st.none(), st.integers(1, 6)),
+    "fmt": st.sampled_from(["cat", "padded"]),
+    "set_truncated": st.booleans(),
+    "drop": st.booleans(),
+    "random_batches": st.integers(0, 2),
+}
+
+
 @settings(max_examples=30, deadline=None)
-@given(
-    lengths=st.lists(st.integers(1, 9), min_size=1, max_size=5),
-    steps=st.integers(1, 7),
-    n_batches=st.integers(1, 6),
-    trajs=st.integers(1, 4),
-    mode=st.sampled_from(MODES),
-    max_len=st.one_of(st.none(), st.integers(1, 6)),
-    fmt=st.sampled_from(["cat", "padded"]),
-    set_truncated=st.booleans(),
-    drop=st.booleans(),
-    random_batches=st.integers(0, 2),
-)
-def test_staged_episodes_equal_the_assembler_on_plain_batches(
+@given(n_batches=st.integers(1, 6), **CASE)
+def test_staged_episodes_equal_the_assembler_on_plain_batches(**case):
+    _assert_same_as_assembler(**case)
+
+
+@settings(max_examples=6, deadline=None)
+@given(n_batches=st.integers(25, 45), **CASE)
+def test_staged_episodes_equal_the_assembler_on_long_runs(**case):
+    """Long enough for staging to move its kept columns to the front, and to grow, while
+    episodes wait in it."""
+    _assert_same_as_assembler(**case)
+
+
+def _assert_same_as_assembler(
     lengths, steps, n_batches, trajs, mode, max_len, fmt, set_truncated, drop, random_batches
 ):
     b = len(lengths)
@@ -165,3 +179,68 @@ def test_staged_episodes_hold_every_transition_once_in_order(
     for tag in range(b):
         counts = torch.cat(seen[tag]) if seen[tag] else torch.zeros(0, dtype=torch.long)
         assert torch.equal(counts, torch.arange(steps * n_batches))  # once each, in order
+
+
+def _flaky(fail_at: int):
+    """:func:`threshold_policy` that raises once, at its ``fail_at``-th call."""
+    calls = {"n": 0}
+
+    def policy(td):
+        calls["n"] += 1
+        if calls["n"] == fail_at:
+            raise RuntimeError("transient")
+        return threshold_policy(td)
+
+    return policy
+
+
+def _outputs_through_errors(collector):
+    """Everything a collector yields, carrying on after each transient policy error."""
+    outs, errors = [], 0
+    while True:
+        try:
+            outs.extend(iter(collector))
+            return outs, errors
+        except RuntimeError as e:
+            assert "transient" in str(e)
+            errors += 1
+
+
+@settings(max_examples=15, deadline=None)
+@given(
+    lengths=st.lists(st.integers(1, 9), min_size=1, max_size=4),
+    steps=st.integers(1, 6),
+    trajs=st.integers(1, 3),
+    mode=st.sampled_from(MODES),
+    fail_at=st.integers(1, 30),
+    fmt=st.sampled_from(["cat", "padded"]),
+)
+def test_staged_episodes_after_a_policy_error_equal_the_assembler(
+    lengths, steps, trajs, mode, fail_at, fmt
+):
+    """A policy error mid-batch restarts the envs: the episodes in flight never continue and
+    are flushed at the end, marked cut, exactly as the assembler does with plain batches."""
+    b = len(lengths)
+    common = {"frames_per_batch": b * steps, "total_frames": b * steps * 8, "seed": 5}
+    with Collector(counting_vec(lengths, mode), _flaky(fail_at), worker_id=93, **common) as c:
+        batches, want_errors = _outputs_through_errors(c)
+    assembler, want = TrajectoryAssembler(), []
+    for batch in batches:
+        assembler.ingest(batch)
+        while len(assembler) >= trajs:
+            want.append(assembler.emit(trajs, fmt))
+    drained = assembler.drain(fmt)
+    want += [] if drained.batch is None else [drained.batch]
+    with Collector(
+        counting_vec(lengths, mode),
+        _flaky(fail_at),
+        trajs_per_batch=trajs,
+        traj_format=fmt,
+        worker_id=93,
+        **common,
+    ) as c:
+        got, errors = _outputs_through_errors(c)
+    assert errors == want_errors
+    assert len(got) == len(want)
+    for g, w in zip(got, want, strict=True):
+        _assert_same(g, w)  # the same worker id: the very same trajectory ids

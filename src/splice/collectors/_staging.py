@@ -247,7 +247,7 @@ class Staging:
 
     def clear(self) -> None:
         """Forget every column (a fresh start: no steps, no dead steps, nothing kept)."""
-        self.dead[: self.used] = False
+        self.dead[:] = False  # also after `used`: a failed run may have marked columns there
         self.base += self.used
         self.used = 0
         self.start[:] = 0
@@ -257,6 +257,7 @@ class Staging:
     def restart_rows(self) -> None:
         """Drop every row's untaken steps (new episodes start at the next column); columns
         already written stay until room is made (what :attr:`keep` asks for survives)."""
+        self.dead[self.used :] = False  # marks a failed run left after `used`
         self.start[:] = self.used
         self.pending_dead[:] = 0
 
