@@ -68,7 +68,7 @@ from splice.layout import (
     check_traj_format,
 )
 from splice.trajectories._index import TrajectoryIndex
-from splice.trajectories.assembler import Drained
+from splice.trajectories.assembler import Drained, emit_count
 from splice.trajectories.split import to_padded
 
 __all__ = ["StagedEpisodes"]
@@ -259,13 +259,7 @@ class StagedEpisodes:
             ValueError: more than :func:`len` episodes, or an unknown ``traj_format``.
         """
         check_traj_format(traj_format)
-        available = len(self)
-        n = available if n is None else n
-        if not 0 <= n <= available:
-            raise ValueError(
-                f"emit(n={n}): {available} complete episode(s) are buffered; ask for at most "
-                f"{available} or collect more batches"
-            )
+        n = emit_count(n, len(self))
         runs = self._complete.select(slice(0, n))
         self._complete = self._complete.select(slice(n, None))
         out = self._output(runs, traj_format, cut_from=n)

@@ -362,13 +362,7 @@ class TrajectoryAssembler:
                 ``traj_format``. Nothing is removed in that case.
         """
         check_traj_format(traj_format)
-        available = len(self)
-        n = available if n is None else n
-        if not 0 <= n <= available:
-            raise ValueError(
-                f"emit(n={n}): {available} complete episode(s) are buffered; ask for at most "
-                f"{available} or ingest more batches"
-            )
+        n = emit_count(n, len(self))
         chosen, self._complete = self._complete[:n], self._complete[n:]
         row_of_step = _rank_in(self._ids[: self._size], chosen)
         return self._remove(row_of_step, n, traj_format, cut_from=n)
@@ -518,3 +512,26 @@ def _preview(ids: np.ndarray, limit: int = 5) -> str:
     """``[3, 4, 9]``, or ``[3, 4, 9, 11, 12, ...] (8 ids)`` for long lists."""
     shown = ", ".join(str(i) for i in ids[:limit].tolist())
     return f"[{shown}]" if ids.size <= limit else f"[{shown}, ...] ({ids.size} ids)"
+
+
+def emit_count(n: int | None, available: int) -> int:
+    """How many episodes ``emit(n)`` removes when ``available`` are complete (``None``: all).
+
+    Raises:
+        ValueError: ``n`` outside ``[0, available]``, naming both.
+
+    Examples:
+        >>> emit_count(None, 3), emit_count(2, 3)
+        (3, 2)
+        >>> emit_count(4, 3)
+        Traceback (most recent call last):
+        ...
+        ValueError: emit(n=4): 3 complete episode(s) are buffered; ask for at most 3, ...
+    """
+    n = available if n is None else n
+    if not 0 <= n <= available:
+        raise ValueError(
+            f"emit(n={n}): {available} complete episode(s) are buffered; ask for at most "
+            f"{available}, or add more batches"
+        )
+    return n
