@@ -12,7 +12,7 @@ from tensordict import TensorDict
 
 from splice import Collector, TrajectoryAssembler
 from splice.layout import TRAJ_IDS
-from splice.testing import counting_vec, threshold_policy
+from splice.testing import CountingEnv, counting_vec, threshold_policy
 
 MODES = [AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP, AutoresetMode.DISABLED]
 
@@ -52,7 +52,7 @@ CASE = {
     "lengths": st.lists(st.integers(1, 9), min_size=1, max_size=5),
     "steps": st.integers(1, 7),
     "trajs": st.integers(1, 4),
-    "mode": st.sampled_from(MODES),
+    "mode": st.sampled_from([*MODES, None]),  # None: one gymnasium.Env (lengths[0])
     "max_len": st.one_of(st.none(), st.integers(1, 6)),
     "fmt": st.sampled_from(["cat", "padded"]),
     "set_truncated": st.booleans(),
@@ -78,7 +78,17 @@ def test_staged_episodes_equal_the_assembler_on_long_runs(**case):
 def _assert_same_as_assembler(
     lengths, steps, n_batches, trajs, mode, max_len, fmt, set_truncated, drop, random_batches
 ):
-    b = len(lengths)
+    if mode is None:
+        b, lengths_ = 1, lengths[0]
+
+        def make_env():
+            return CountingEnv(lengths_)
+    else:
+        b = len(lengths)
+
+        def make_env():
+            return counting_vec(lengths, mode)
+
     common = {
         "frames_per_batch": b * steps,
         "total_frames": b * steps * n_batches,
@@ -88,7 +98,7 @@ def _assert_same_as_assembler(
         "seed": 3,
     }
     want, want_returns, drained = _reference(
-        lambda: counting_vec(lengths, mode),
+        make_env,
         threshold_policy,
         trajs=trajs,
         fmt=fmt,
@@ -97,7 +107,7 @@ def _assert_same_as_assembler(
         **common,
     )
     with Collector(
-        counting_vec(lengths, mode),
+        make_env(),
         threshold_policy,
         trajs_per_batch=trajs,
         traj_format=fmt,
