@@ -418,7 +418,8 @@ class _Recycler:
         total = max(sum(sizes), 1)
         # 2 references: the attribute and getrefcount's argument; more: a batch holds it
         if self._block is None or self._block.nbytes < total or sys.getrefcount(self._block) > 2:
-            self._block = np.empty(total, np.uint8)
+            # a quarter more: sets of whole episodes (trajs_per_batch) vary in size
+            self._block = np.empty(total + total // 4, np.uint8)
         block, out, offset = self._block, {}, 0
         for (key, feature, dtype), size in zip(layout, sizes, strict=True):
             if dtype == OBJECT:  # Python objects cannot live in a byte block
