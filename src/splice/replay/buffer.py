@@ -38,7 +38,6 @@ from splice.replay._structures import I64
 from splice.replay.index import ReplayIndex
 from splice.replay.samplers import RandomSampler, Sampler
 from splice.replay.storage import CommitState, LazyTensorStorage, Storage
-from splice.trajectories._index import index_by_id
 
 __all__ = ["ReplayBuffer"]
 
@@ -245,11 +244,10 @@ class ReplayBuffer:
         if n == 0:
             return torch.full(batch.input_shape, -1, dtype=torch.int64)
         keys, open_keys, next_key = bounds.keys_for(batch)
-        order = None
-        if bounds.mode == "ids":
-            order, keys = _trajectory_order(keys)
-            if order is not None:
-                columns = {k: take_rows(v, torch.from_numpy(order)) for k, v in columns.items()}
+        plan = self._index.plan(keys)  # each trajectory of the batch in one run of rows
+        order = plan.order
+        if order is not None:
+            columns = {k: take_rows(v, torch.from_numpy(order)) for k, v in columns.items()}
         capacity = self.storage.max_size
         written = columns
         if n > capacity:
@@ -262,13 +260,15 @@ class ReplayBuffer:
             self._kind = kind
         self.storage.begin_write(rows)
         self.storage.write(int(rows[0]), written)
-        report = self._index.write(np.ascontiguousarray(keys, dtype=I64))
+        report = self._index.write(plan.keys, plan.run_start)
         bounds.commit(open_keys, next_key)
         self._bounds = bounds
         self.sampler.on_write(report)
         self.storage.commit(self._commit_state())
         # The row of every input step: write order -> batch order -> input positions.
-        per_step = (self._index.write_count - n + np.arange(n, dtype=I64)) % capacity
+        per_step = report.new_rows
+        if n > capacity:  # the first steps were overwritten at once by the last ones
+            per_step = (self._index.write_count - n + np.arange(n, dtype=I64)) % capacity
         if order is not None:
             unsorted = np.empty_like(per_step)
             unsorted[order] = per_step
@@ -639,20 +639,6 @@ def _as_numpy(x: object, dtype: type[np.generic]) -> np.ndarray:
     if isinstance(x, Tensor):
         return x.detach().cpu().numpy().astype(dtype, copy=False)
     return np.asarray(x, dtype=dtype)
-
-
-def _trajectory_order(keys: np.ndarray) -> tuple[np.ndarray | None, np.ndarray]:
-    """For a batch whose trajectories interleave (a trajectory in several runs): the order
-    that makes each trajectory's steps consecutive (first appearance, time order kept), and
-    the keys in that order. ``(None, keys)`` when no reordering is needed."""
-    change = np.flatnonzero(keys[1:] != keys[:-1])
-    if change.size == 0:
-        return None, keys
-    run_keys = np.sort(keys[np.concatenate([[0], change + 1])])
-    if not (run_keys[1:] == run_keys[:-1]).any():
-        return None, keys
-    order = index_by_id(torch.from_numpy(np.ascontiguousarray(keys))).cat_order().numpy()
-    return order, keys[order]
 
 
 def _on_device(columns: Columns, device: torch.device) -> Columns:
