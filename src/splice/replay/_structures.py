@@ -418,6 +418,8 @@ class SumTree:
                 break
         self.mins = [np.full(w.size, np.inf) for w in self.weights[1:]]
         self._cum: np.ndarray | None = None  # running sum of the top, None after a change
+        self._before = np.zeros(0)  # the top's running sum before each node (see _running)
+        self._starts = np.zeros(0, dtype=I64)  # see _row_starts
         self._last = 0  # the last top node with a positive weight
         self._min: float | None = None
 
@@ -454,8 +456,11 @@ class SumTree:
         return self.weights[0][idx]
 
     def _running(self) -> np.ndarray:
+        """The running sum of the top level (recomputed after a change), and
+        ``self._before``: the sum of the top nodes before each one."""
         if self._cum is None:
             self._cum = np.cumsum(self.top)
+            self._before = self._cum - self.top
             self._last = int(np.searchsorted(self._cum, self._cum[-1], side="left"))
         return self._cum
 
@@ -472,23 +477,33 @@ class SumTree:
         """For each mass ``u`` in ``[0, total)``: the leaf where the running sum passes ``u``."""
         F = self.FANOUT
         order = np.argsort(mass)
+        sorted_mass = mass[order]
         cum = self._running()
-        node = np.searchsorted(cum, mass[order], side="right")
+        node = cum.searchsorted(sorted_mass, side="right")
         np.minimum(node, self._last, out=node)  # a mass rounded up to the total
-        rest = mass[order] - (cum[node] - self.top[node])  # the mass left inside the node
-        pick = np.arange(node.size)
-        for prefix in reversed(self.prefix):
-            rows = prefix[node]
+        rest = sorted_mass - self._before[node]  # the mass left inside the node
+        deepest = len(self.prefix) - 1
+        for depth in range(deepest, -1, -1):
+            rows = self.prefix[depth].take(node, axis=0)
             # Rounding may leave ``rest`` at or past the block's sum: keep it below, so the
             # first running sum above it is a positive child.
             np.minimum(rest, np.nextafter(rows[:, -1], 0.0), out=rest)
             child = np.argmax(rows > rest[:, None], axis=1)
-            rest -= np.where(child > 0, rows[pick, child - 1], 0.0)
-            np.maximum(rest, 0.0, out=rest)
+            if depth:  # what is left for the level below (not needed at the leaves)
+                flat = rows.reshape(-1)
+                below = flat.take(self._row_starts(node.size) + child - 1)
+                rest -= np.where(child > 0, below, 0.0)
+                np.maximum(rest, 0.0, out=rest)
             node = node * F + child
         out = np.empty_like(node)
         out[order] = node
         return out
+
+    def _row_starts(self, k: int) -> np.ndarray:
+        """``0, FANOUT, 2 * FANOUT, ...``: where each of ``k`` gathered blocks starts."""
+        if self._starts.size < k:
+            self._starts = np.arange(max(k, 2 * self._starts.size), dtype=I64) * self.FANOUT
+        return self._starts[:k]
 
     def clear(self) -> None:
         for level in self.weights + self.prefix:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, overload
 
@@ -18,6 +19,7 @@ from splice.layout import CUT, Key, LayoutError, as_key_tuple, fmt_key
 from splice.replay import _output
 from splice.replay._batch import (
     Columns,
+    FlatBatch,
     Kind,
     Schema,
     as_tensordict,
@@ -73,9 +75,9 @@ class ReplayBuffer:
     flags the index was built from): that raises :class:`~splice.layout.LayoutError`.
 
     One writer thread (a collector's ``start()``) and sampling threads may use a buffer
-    concurrently: every method that touches the storage or index holds a lock (the tensor
-    bookkeeping of a sample is done outside it), so a sample never sees a half-written batch
-    or a stale index.
+    concurrently: every method that touches the storage or index holds a lock (the flattening
+    and checking of a batch and the tensor bookkeeping of a sample are done outside it), so a
+    sample never sees a half-written batch or a stale index.
 
     Args:
         storage: where steps live (default ``LazyTensorStorage(1000)``, as in TorchRL).
@@ -216,17 +218,21 @@ class ReplayBuffer:
                 no trajectory boundaries a slice sampler could use. The buffer is unchanged.
         """
         td, kind = as_tensordict(data)
+        # Flattening and checking change nothing: done before taking the lock, so that a
+        # sampling thread waits only for the write itself.
+        staged = self._stage(td, kind)
         with self._lock:
-            return self._extend(td, kind)
+            return self._extend(td, kind, staged)
 
-    def _extend(self, td: TensorDictBase, kind: Kind) -> Tensor:
+    def _stage(self, td: TensorDictBase, kind: Kind) -> _Staged:
+        """Flatten and check a batch against the buffer as it is now (changes nothing)."""
         if self._kind is not None and kind is not self._kind:
             raise TypeError(
                 f"this buffer holds {self._kind.value} data; got a {kind.value} "
                 f"({type(td).__name__ if kind is Kind.TENSORDICT else kind.value})"
             )
-        first = self.storage.schema is None
-        bounds = self._bounds
+        seen_bounds, seen_schema = self._bounds, self.storage.schema
+        bounds = seen_bounds
         if bounds is None:
             bounds = resolve_boundaries(
                 td,
@@ -234,12 +240,22 @@ class ReplayBuffer:
                 end_key=_key(self.sampler.end_key),
                 needs_trajectories=self.sampler.needs_trajectories,
             )
-        batch = flatten_batch(td, bounds.ids_key, first=first)
+        batch = flatten_batch(td, bounds.ids_key, first=seen_schema is None)
+        schema = Schema.of(batch.columns) if seen_schema is None else seen_schema
+        if seen_schema is not None:
+            schema.check(batch.columns)
+        return _Staged(seen_bounds, seen_schema, bounds, batch, schema)
+
+    def _extend(self, td: TensorDictBase, kind: Kind, staged: _Staged | None = None) -> Tensor:
+        if (
+            staged is None
+            or staged.seen_bounds is not self._bounds
+            or staged.seen_schema is not self.storage.schema
+        ):  # staged before a first write or a restore by another thread: stage again
+            staged = self._stage(td, kind)
+        bounds, batch, schema = staged.bounds, staged.batch, staged.schema
+        first = staged.seen_schema is None
         columns = batch.columns
-        schema = Schema.of(columns) if first else self.storage.schema
-        assert schema is not None
-        if not first:
-            schema.check(columns)
         n = batch.n
         if n == 0:
             return torch.full(batch.input_shape, -1, dtype=torch.int64)
@@ -603,6 +619,18 @@ class ReplayBuffer:
         """Restore a buffer saved with :meth:`dumps` into this (same-sized, same-sampler) one."""
         root = Path(path)
         self._install(read_dir(root, self.sampler.state_type), str(root))
+
+
+@dataclass(frozen=True)
+class _Staged:
+    """A batch flattened and checked outside the lock, and the buffer state it was checked
+    against (``seen_*``: still current when the lock is taken, or it is staged again)."""
+
+    seen_bounds: Boundaries | None
+    seen_schema: Schema | None
+    bounds: Boundaries
+    batch: FlatBatch
+    schema: Schema
 
 
 def _key(key: NestedKey | None) -> Key | None:

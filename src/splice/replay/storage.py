@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from splice._gather import put_rows, take_rows
+from splice._gather import put_rows, take_rows_of
 from splice.replay._batch import Columns, Schema
 from splice.replay._files import file_tensor, read_json, write_json_atomic
 from splice.replay._state import as_int
@@ -165,7 +165,7 @@ class Storage:
         """The given rows of every column (``rows``: int64 on the CPU, values in range)."""
         if self.device.type != "cpu":
             rows = rows.to(self.device)
-        return {key: take_rows(col, rows) for key, col in self.columns.items()}
+        return take_rows_of(self.columns, rows)
 
     # ------------------------------------------------------------------ durability hooks
     def begin_write(self, rows: np.ndarray) -> None:
