@@ -316,28 +316,38 @@ class ReplayIndex:
         if stop <= self.lo:
             self.lo = max(self.lo, new_lo)
             return EMPTY, EMPTY, EMPTY, EMPTY
-        rows = self._ring(self.lo, stop - self.lo)
-        slots = self.row_slot[rows]
+        a, count = self.lo % self.capacity, stop - self.lo
+        # The evicted rows: a slice of the ring (views, no gathers) unless they wrap.
+        where: slice | np.ndarray = (
+            slice(a, a + count) if a + count <= self.capacity else self._ring(self.lo, count)
+        )
+        rows = self._ring(self.lo, count)
+        slots = self.row_slot[where]
         if np.count_nonzero(slots < 0):  # defensive: holes are never inside [lo, write_count)
-            rows, slots = rows[slots >= 0], slots[slots >= 0]
+            keep = slots >= 0
+            rows, slots, where = rows[keep], slots[keep], rows[keep]
         T, S = self.traj.a, self.seg.a
         # The last evicted row of each trajectory (its highest evicted step) is the last row
         # of one of the runs of equal slots; among those runs, keep each slot's last one.
-        run_end = np.flatnonzero(slots[1:] != slots[:-1])
-        cand = np.append(run_end, slots.size - 1)
+        cand = np.empty(slots.size, dtype=bool)
+        cand[-1] = True
+        np.not_equal(slots[1:], slots[:-1], out=cand[:-1])
+        cand = cand.nonzero()[0]
         cand_slots = slots[cand]
         order = np.argsort(cand_slots, kind="stable")
         sorted_slots = cand_slots[order]
-        last = np.ones(order.size, dtype=bool)
+        last = np.empty(order.size, dtype=bool)
+        last[-1] = True
         np.not_equal(sorted_slots[1:], sorted_slots[:-1], out=last[:-1])
         uniq = sorted_slots[last]
         last_row = rows[cand[order[last]]]
         last_step = self.row_step[last_row]
         whole = last_step == T["last"][uniq]
-        freed, part = uniq[whole], uniq[~whole]
-        part_row = last_row[~whole]
+        survives = ~whole
+        freed, part = uniq[whole], uniq[survives]
+        part_row = last_row[survives]
         head_old = T["first"][part]
-        T["first"][part] = last_step[~whole] + 1
+        T["first"][part] = last_step[survives] + 1
         # The successor of the last evicted row becomes the trajectory's first live row.
         seg = self.row_seg[part_row]
         succ = part_row + 1
@@ -345,17 +355,17 @@ class ReplayIndex:
         if np.count_nonzero(at_end):
             succ[at_end] = S["lo"][S["fwd"][seg[at_end]]]
         T["first_row"][part] = succ
-        # Segments whose last row goes are gone entirely; unlink them from their successors.
-        ev_seg = self.row_seg[rows]
+        # Segments whose last row goes are gone entirely; unlink them from their successors
+        # (a segment without one links to -1: the pool's scratch column).
+        ev_seg = self.row_seg[where]
         dead = ev_seg[rows == S["hi"][ev_seg]]
-        nxt = S["fwd"][dead]
-        S["back"][nxt[nxt >= 0]] = -1
+        self.seg.data[_BACK][S["fwd"][dead]] = -1
         self.seg.release(dead)
         if freed.size:
             self.keys.remove(np.sort(T["key"][freed]))
             T["key"][freed] = -1  # marks the slot free
             self.traj.release(freed)
-        self.row_slot[rows] = -1
+        self.row_slot[where] = -1
         self.lo = new_lo
         return rows, part, head_old, freed
 
@@ -414,7 +424,7 @@ class ReplayIndex:
         # the others start a segment linked after the trajectory's last one (if any: a
         # link from segment -1 lands in the pool's scratch column).
         merge = T["last_row"][slot] + 1 == start_row
-        n_merge = np.count_nonzero(merge)
+        n_merge = int(np.count_nonzero(merge))
         if n_merge:
             fresh = ~merge
             seg = prev_seg.copy()
