@@ -5,7 +5,12 @@ one-hot action [2], next observation, reward, done/terminated/truncated, traject
 geometric episode lengths, mean 20) extended in batches of 1,000 into a 1,000,000-step
 buffer; batches of 512 frames (32 slices x 16 steps).
 
-    python -m benchmarks.bench_replay [--quick]
+    python -m benchmarks.bench_replay [--quick] [--cpu-time]
+
+``--cpu-time`` times the single-threaded sections in CPU time of the process
+(``time.process_time``) instead of wall time: on a busy shared machine, wall time mostly
+measures how often the process was preempted. The section with a writer thread always
+measures wall-time latency.
 
 Raw limits: a bare slice copy of each column into preallocated tensors, with torch's
 ``copy_`` and with numpy (extend: the ratio is to the faster of the two), and a bare torch
@@ -19,6 +24,7 @@ rebuilding it from TorchRL's sources (``TORCHRL_SRC``); without it that comparis
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 import warnings
@@ -41,6 +47,8 @@ from splice.replay import (
 from splice.testing import episode_lengths
 
 SLICES, SLICE_LEN = 32, 16
+#: The clock of the single-threaded sections (``--cpu-time``: ``time.process_time``).
+CLOCK: list[Callable[[], float]] = [time.perf_counter]
 BATCH = SLICES * SLICE_LEN
 CHUNK = 1000
 
@@ -196,7 +204,7 @@ def bench_extend(capacity: int, chunks: list[TensorDict], rounds: int) -> list[l
         "raw slice copy (torch copy_)": raw_fill(numpy=False),
         "raw slice copy (numpy)": raw_fill(numpy=True),
     }
-    t = interleaved(contenders, rounds=rounds, warmup=0)
+    t = interleaved(contenders, rounds=rounds, warmup=0, clock=CLOCK[0])
     raw = min(t["raw slice copy (torch copy_)"].median, t["raw slice copy (numpy)"].median)
     ref = t["TorchRL, SliceSampler"].median
     return [
@@ -235,7 +243,7 @@ def bench_sample(capacity: int, chunks: list[TensorDict], rounds: int) -> tuple[
     }
     contenders["raw gather, 512 iid rows"] = lambda: [raw.gather_iid() for _ in range(10)]
     contenders["raw gather, precomputed slices"] = lambda: [raw.gather() for _ in range(10)]
-    t = interleaved(contenders, rounds=rounds, warmup=1)
+    t = interleaved(contenders, rounds=rounds, warmup=1, clock=CLOCK[0])
     return _sample_rows(t), {k: v.median / 10 for k, v in t.items()}
 
 
@@ -344,7 +352,11 @@ def bench_loop(capacity: int, chunks: list[TensorDict], rounds: int) -> list[lis
             state[name] += 1
             rb.sample()
 
-    t = interleaved({n: (lambda n=n, rb=rb: step(n, rb)) for n, rb in bufs.items()}, rounds=rounds)
+    t = interleaved(
+        {n: (lambda n=n, rb=rb: step(n, rb)) for n, rb in bufs.items()},
+        rounds=rounds,
+        clock=CLOCK[0],
+    )
     ref = t["splice SliceSampler"].median
     return [[n, f"{x.median / 5 * 1e3:.3f} ms", ratio(x.median, ref)] for n, x in t.items()]
 
@@ -396,7 +408,7 @@ def bench_prioritized(capacity: int, chunks: list[TensorDict], rounds: int) -> l
             (theirs.sample(), theirs.update_priority(rows, prio)) for _ in range(reps)
         ],
     }
-    t = interleaved(contenders, rounds=rounds, warmup=1)
+    t = interleaved(contenders, rounds=rounds, warmup=1, clock=CLOCK[0])
     per = {k: v.median / reps for k, v in t.items()}
     out = []
     for what in ("draw", "sample()", "update_priority(512)", "sample() + update_priority(512)"):
@@ -406,7 +418,11 @@ def bench_prioritized(capacity: int, chunks: list[TensorDict], rounds: int) -> l
 
 
 def main() -> None:
-    args = parser(__doc__ or "").parse_args()
+    p = parser(__doc__ or "")
+    p.add_argument("--cpu-time", action="store_true", help="time in CPU time, not wall time")
+    args = p.parse_args()
+    if args.cpu_time:
+        CLOCK[0] = time.process_time
     warnings.filterwarnings("ignore")
     torch.set_num_threads(1)
     # Before TorchRL is imported: its prioritized samplers need the C++ extension.
@@ -416,7 +432,8 @@ def main() -> None:
     chunks = list(cartpole_stream(capacity, 20.0).split(CHUNK))
     print(
         f"# Replay buffer: {capacity:,} CartPole transitions, extends of {CHUNK:,}, "
-        f"samples of {BATCH} ({SLICES} x {SLICE_LEN})\n"
+        f"samples of {BATCH} ({SLICES} x {SLICE_LEN}); "
+        f"{'CPU' if args.cpu_time else 'wall'} time; load average {os.getloadavg()[0]:.1f}\n"
     )
     print("## extend (whole fill)\n")
     print(

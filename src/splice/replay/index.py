@@ -375,7 +375,7 @@ class ReplayIndex:
         T = self.traj.data
         T[_KEY, fresh] = keys
         T[_FIRST:_GEN, fresh] = _NEW_TRAJ
-        T[_GEN, fresh] += 1
+        self.traj.a["gen"][fresh] += 1
         if keys.size == 1 or np.count_nonzero(keys[1:] <= keys[:-1]) == 0:
             self.keys.assign(keys, fresh)
         else:
