@@ -298,17 +298,21 @@ class SliceSampler(Sampler):
             new = report.new_rows
             self._ends.add(new[index.steps_before(new) >= length - 1])
         if self.weighting == "trajectory":
-            changed = np.concatenate([report.head_slots, report.freed_slots, report.touched_slots])
-            self._update_trajs(np.unique(changed))
+            changed = report.touched_slots  # unique
+            if report.head_slots.size or report.freed_slots.size:
+                changed = np.unique(
+                    np.concatenate([report.head_slots, report.freed_slots, changed])
+                )
+            self._update_trajs(changed)
 
     def _update_trajs(self, slots: np.ndarray) -> None:
         index = self.index
         assert self._built_len is not None
         self._trajs.grow(index.traj.size)
         T = index.traj.a
-        alive = T["key"][slots] >= 0
-        long = T["last"][slots] - T["first"][slots] + 1 >= self._built_len
-        ok = alive & (long | (not self.strict_length))
+        ok = T["key"][slots] >= 0  # alive
+        if self.strict_length:
+            ok &= T["last"][slots] - T["first"][slots] >= self._built_len - 1
         self._trajs.discard(slots[~ok], unique=True)
         self._trajs.add(slots[ok], unique=True)
 
