@@ -241,11 +241,10 @@ table(summary)
 
 pieces = split_trajectories(chunk)
 real_steps = pieces["observation"][pieces["collector", "mask"]]
-pieces.batch_size, real_steps.shape  # the chunk's 800 steps, grouped by trajectory
-
 # sphinx_gallery_start_ignore
 plot_mask(pieces["collector", "mask"])
 # sphinx_gallery_end_ignore
+pieces.batch_size, real_steps.shape  # the chunk's 800 steps, grouped by trajectory
 
 # %%
 # Padding costs memory: every row is as long as the longest. With ``as_nested=True`` each
@@ -355,6 +354,9 @@ sample = rb.sample()
 ids = sample["collector", "traj_ids"]
 assert (ids.view(4, 16) == ids.view(4, 16)[:, :1]).all()  # one episode per slice
 new_id_at = torch.nonzero(ids.diff())[:, 0] + 1
+# sphinx_gallery_start_ignore
+plot_slices(sample, rb)
+# sphinx_gallery_end_ignore
 new_id_at, torch.nonzero(sample["next", "truncated"][:, 0])[:, 0]  # and truncated at
 
 # %%
@@ -363,15 +365,10 @@ new_id_at, torch.nonzero(sample["next", "truncated"][:, 0])[:, 0]  # and truncat
 # slices share an episode). The last step of each slice is marked ``truncated`` (a
 # slice's end is not an episode's end: bootstrap there), its first ``is_init``.
 # ``end_key`` names the flag that ends a trajectory in data without ids; splice's data
-# always has ids, which take precedence. Below, each slice on its episode; letters stand
-# for the ids, 13-digit numbers here: each collector draws ids from a range of its own,
-# so two never issue the same id (:doc:`../data_contract`).
-
-# sphinx_gallery_start_ignore
-plot_slices(sample, rb)
-# sphinx_gallery_end_ignore
-
-# %%
+# always has ids, which take precedence. The figure shows each slice on its episode;
+# letters stand for the ids, 13-digit numbers here: each collector draws ids from a range
+# of its own, so two never issue the same id (:doc:`../data_contract`).
+#
 # By default (``weighting="trajectory"``) the sampler picks an episode uniformly, then a
 # position in it: a step of a short episode is sampled more often than one of a long
 # episode. ``weighting="transition"`` draws uniformly among all the slice positions:
@@ -444,9 +441,8 @@ summary = {n: {"mean value": p.mean().item()} for n, p in final.items()}
 for name, predicted in final.items():
     summary[name]["mean error"] = (predicted - eval_return).abs().mean().item()
 summary["exact returns"] = {"mean value": eval_return.mean().item()}
-assert final["done as terminal"].max() < (1 - GAMMA**16) / (
-    1 - GAMMA
-)  # 16-step return
+return_of_16_steps = (1 - GAMMA**16) / (1 - GAMMA)
+assert final["done as terminal"].max() < return_of_16_steps
 # sphinx_gallery_start_ignore
 plot_values(final)
 table(summary)
@@ -454,13 +450,13 @@ table(summary)
 
 # %%
 # The critic that bootstraps at slice ends learns returns that run past its slices, as
-# far as the episode goes: its mean prediction is close to the mean exact return, and
-# its errors spread around 0 (one action in four is random, so from one state the rest
-# of an episode may be long or short: no critic predicts each return exactly). The other
-# critic only ever sees rewards up to a slice's end: whatever the state, it predicts
-# what is left of a 16-step slice, never more than the return of 16 steps,
-# :math:`(1-\gamma^{16})/(1-\gamma) = 13.8`, far below the episodes' returns however long
-# it trains.
+# far as the episode goes: its mean prediction is close to the mean exact return, and its
+# errors fall on both sides of 0 (one action in four is random, so from one state the
+# rest of an episode may be long or short: no critic predicts each return exactly). The
+# other critic only ever sees rewards up to a slice's end: whatever the state, it
+# predicts what is left of a 16-step slice, never more than the return of 16 steps,
+# :math:`(1-\gamma^{16})/(1-\gamma) = 13.8`, and errs far below 0 on almost every step,
+# however long it trains.
 #
 # Conclusion
 # ----------
