@@ -396,8 +396,7 @@ critics = {
     n: nn.Sequential(nn.Linear(4, 64), nn.Tanh(), nn.Linear(64, 1))
     for n in terminal_flag
 }
-parameters = [p for critic in critics.values() for p in critic.parameters()]
-optimizer = torch.optim.Adam(parameters, lr=1e-2)  # per parameter: as two optimizers
+optimizer = torch.optim.Adam(nn.ModuleList(critics.values()).parameters(), lr=1e-2)
 sampler = SliceSampler(slice_len=16, weighting="transition", strict_length=False)
 rb = ReplayBuffer(storage=LazyTensorStorage(50_000), sampler=sampler, batch_size=256)
 collector = Collector(  # the thread stops by itself after 40 chunks
