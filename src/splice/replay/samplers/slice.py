@@ -75,9 +75,11 @@ class SliceSampler(Sampler):
     * ``weighting``: ``"trajectory"`` (TorchRL's behaviour and the default: every eligible
       trajectory is equally likely, then the slice position is uniform within it) or
       ``"transition"`` (every eligible slice position in the buffer is equally likely: each
-      stored step is equally likely to start a slice). With ``"trajectory"`` a step of a short
-      episode is sampled far more often than a step of a long one; ``"transition"`` is the
-      unbiased choice.
+      step followed by at least ``slice_len - 1`` steps of its trajectory is equally likely
+      to start a slice, and with ``strict_length=False`` every stored step is). With
+      ``"trajectory"`` a step of a short episode is sampled far more often than a step of a
+      long one; with ``"transition"`` only a trajectory's first ``slice_len - 1`` steps (and,
+      with ``strict_length=True``, its last ``slice_len - 1``) lie in fewer slices.
     * ``as_sequences=True`` returns ``[num_slices, width]`` instead of TorchRL's flat
       ``[num_slices * width]`` (``width = burn_in + slice_len``), with a mask.
     * ``burn_in=K`` prepends up to ``K`` steps to every slice (fewer near the trajectory's
