@@ -45,9 +45,17 @@ def time_call(fn: Callable[[], object], *, repeats: int = 7, warmup: int = 1) ->
 
 
 def interleaved(
-    contenders: dict[str, Callable[[], object]], *, rounds: int = 5, warmup: int = 1
+    contenders: dict[str, Callable[[], object]],
+    *,
+    rounds: int = 5,
+    warmup: int = 1,
+    clock: Callable[[], float] = time.perf_counter,
 ) -> dict[str, Timing]:
-    """Time several contenders round-robin so that machine noise hits them alike."""
+    """Time several contenders round-robin so that machine noise hits them alike.
+
+    ``clock``: wall time by default; ``time.process_time`` (CPU time of every thread of the
+    process) leaves out the time other processes take from a busy machine.
+    """
     for fn in contenders.values():
         for _ in range(warmup):
             fn()
@@ -55,9 +63,9 @@ def interleaved(
     for _ in range(rounds):
         for name, fn in contenders.items():
             gc.collect()
-            start = time.perf_counter()
+            start = clock()
             fn()
-            samples[name].append(time.perf_counter() - start)
+            samples[name].append(clock() - start)
     return {
         name: Timing(statistics.median(s), min(s), max(s), rounds) for name, s in samples.items()
     }

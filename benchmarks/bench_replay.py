@@ -5,10 +5,16 @@ one-hot action [2], next observation, reward, done/terminated/truncated, traject
 geometric episode lengths, mean 20) extended in batches of 1,000 into a 1,000,000-step
 buffer; batches of 512 frames (32 slices x 16 steps).
 
-    python -m benchmarks.bench_replay [--quick]
+    python -m benchmarks.bench_replay [--quick] [--cpu-time]
 
-Raw limits: a bare slice copy of each column into preallocated tensors (extend) and a bare
-torch gather of precomputed slice indices (sampling, no boundary bookkeeping at all).
+``--cpu-time`` times the single-threaded sections in CPU time of the process
+(``time.process_time``) instead of wall time: on a busy shared machine, wall time mostly
+measures how often the process was preempted. The section with a writer thread always
+measures wall-time latency.
+
+Raw limits: a bare slice copy of each column into preallocated tensors, with torch's
+``copy_`` and with numpy (extend: the ratio is to the faster of the two), and a bare torch
+gather of precomputed slice indices (sampling, no boundary bookkeeping at all).
 
 Prioritized replay: splice's ``PrioritizedSampler`` against TorchRL's, 512 of the buffer's
 steps per draw (every step with its own random priority). TorchRL's sampler needs its C++
@@ -18,6 +24,7 @@ rebuilding it from TorchRL's sources (``TORCHRL_SRC``); without it that comparis
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 import warnings
@@ -40,6 +47,8 @@ from splice.replay import (
 from splice.testing import episode_lengths
 
 SLICES, SLICE_LEN = 32, 16
+#: The clock of the single-threaded sections (``--cpu-time``: ``time.process_time``).
+CLOCK: list[Callable[[], float]] = [time.perf_counter]
 BATCH = SLICES * SLICE_LEN
 CHUNK = 1000
 
@@ -111,6 +120,13 @@ class RawStore:
             self.cols[k][self.cursor : self.cursor + n].copy_(v)
         self.cursor = (self.cursor + n) % self.capacity
 
+    def extend_numpy(self, chunk: TensorDict) -> None:
+        """The same copies as numpy slice assignments (cheaper per call than torch's)."""
+        n = chunk.shape[0]
+        for k, v in chunk.items(include_nested=True, leaves_only=True):
+            self.cols[k].numpy()[self.cursor : self.cursor + n] = v.numpy()
+        self.cursor = (self.cursor + n) % self.capacity
+
     def precompute_starts(self, ids: torch.Tensor) -> None:
         """Valid 16-step slice starts, computed once (what a sampler would have to know)."""
         same = ids[SLICE_LEN - 1 :] == ids[: -(SLICE_LEN - 1)]
@@ -150,9 +166,23 @@ class FreshChunks:
 
 # ---------------------------------------------------------------------- measurements
 def bench_extend(capacity: int, chunks: list[TensorDict], rounds: int) -> list[list[object]]:
-    def fresh_fill(make: Callable[[], object]) -> Callable[[], None]:
-        return lambda: fill(make(), chunks)
+    """Fill a fresh buffer, 1,000 steps per extend: flat ``[1000]`` batches and ``[B, T] =
+    [8, 125]`` collector batches (TorchRL's 1-D storage takes them flattened, as its users
+    must: its row is the same as the flat one). The raw copies write the same bytes into
+    freshly allocated tensors."""
 
+    def fresh_fill(make: Callable[[], object], data: list[TensorDict]) -> Callable[[], None]:
+        return lambda: fill(make(), data)
+
+    def raw_fill(numpy: bool) -> Callable[[], None]:
+        def run() -> None:
+            store = RawStore(capacity, chunks[0])
+            for chunk in chunks:
+                (store.extend_numpy if numpy else store.extend)(chunk)
+
+        return run
+
+    grid = [c.reshape(8, CHUNK // 8) for c in chunks]
     for make in (  # warm both libraries up (imports, first allocations)
         lambda: splice_buffer(capacity, SliceSampler(slice_len=SLICE_LEN)),
         lambda: torchrl_buffer(capacity, "slice"),
@@ -160,19 +190,25 @@ def bench_extend(capacity: int, chunks: list[TensorDict], rounds: int) -> list[l
     ):
         fill(make(), chunks[:5])
     contenders = {
-        "splice, RandomSampler": fresh_fill(lambda: splice_buffer(capacity, RandomSampler())),
-        "splice, SliceSampler": fresh_fill(
-            lambda: splice_buffer(capacity, SliceSampler(slice_len=SLICE_LEN))
+        "splice, RandomSampler": fresh_fill(
+            lambda: splice_buffer(capacity, RandomSampler()), chunks
         ),
-        "TorchRL, RandomSampler": fresh_fill(lambda: torchrl_buffer(capacity, "random")),
-        "TorchRL, SliceSampler": fresh_fill(lambda: torchrl_buffer(capacity, "slice")),
-        "raw slice copy": fresh_fill(lambda: RawStore(capacity, chunks[0])),
+        "splice, SliceSampler": fresh_fill(
+            lambda: splice_buffer(capacity, SliceSampler(slice_len=SLICE_LEN)), chunks
+        ),
+        "splice, SliceSampler, [8, 125] batches": fresh_fill(
+            lambda: splice_buffer(capacity, SliceSampler(slice_len=SLICE_LEN)), grid
+        ),
+        "TorchRL, RandomSampler": fresh_fill(lambda: torchrl_buffer(capacity, "random"), chunks),
+        "TorchRL, SliceSampler": fresh_fill(lambda: torchrl_buffer(capacity, "slice"), chunks),
+        "raw slice copy (torch copy_)": raw_fill(numpy=False),
+        "raw slice copy (numpy)": raw_fill(numpy=True),
     }
-    t = interleaved(contenders, rounds=rounds, warmup=0)
-    raw = t["raw slice copy"].median
+    t = interleaved(contenders, rounds=rounds, warmup=0, clock=CLOCK[0])
+    raw = min(t["raw slice copy (torch copy_)"].median, t["raw slice copy (numpy)"].median)
     ref = t["TorchRL, SliceSampler"].median
     return [
-        [name, f"{x.median * 1e3:.0f} ms", ratio(ref, x.median), ratio(x.median, raw)]
+        [name, f"{x.median * 1e3:.0f} ms", ratio(x.median, ref), ratio(x.median, raw)]
         for name, x in t.items()
     ]
 
@@ -207,7 +243,7 @@ def bench_sample(capacity: int, chunks: list[TensorDict], rounds: int) -> tuple[
     }
     contenders["raw gather, 512 iid rows"] = lambda: [raw.gather_iid() for _ in range(10)]
     contenders["raw gather, precomputed slices"] = lambda: [raw.gather() for _ in range(10)]
-    t = interleaved(contenders, rounds=rounds, warmup=1)
+    t = interleaved(contenders, rounds=rounds, warmup=1, clock=CLOCK[0])
     return _sample_rows(t), {k: v.median / 10 for k, v in t.items()}
 
 
@@ -231,7 +267,9 @@ def _sample_rows(t: dict[str, Timing]) -> list[list[object]]:
 
 
 def bench_concurrent(capacity: int, chunks: list[TensorDict], seconds: float) -> list[list[object]]:
-    """Sample while a background thread extends (1,000 steps per extend, as fast as it can)."""
+    """Sample latency alone and while a background thread extends (1,000 steps per extend,
+    as fast as it can): three alternating phases of each, ``seconds`` long, on the same full
+    buffer; medians over the phases."""
     rows = []
     makers = {
         "splice SliceSampler": lambda: splice_buffer(
@@ -243,38 +281,56 @@ def bench_concurrent(capacity: int, chunks: list[TensorDict], seconds: float) ->
     for name, make in makers.items():
         rb = make()
         fill(rb, chunks)
-        stop = threading.Event()
-        written = [0]
         fresh = FreshChunks(min(capacity, 200_000))
-
-        def writer(rb=rb, stop=stop, written=written, fresh=fresh) -> None:
-            while not stop.is_set():
-                rb.extend(fresh.next())
-                written[0] += CHUNK
-                time.sleep(0)  # let the sampling thread in (both libraries alike)
-
-        thread = threading.Thread(target=writer)
-        thread.start()
-        times = []
-        end = time.perf_counter() + seconds
-        try:
-            while time.perf_counter() < end:
-                start = time.perf_counter()
-                rb.sample()
-                times.append(time.perf_counter() - start)
-        finally:
-            stop.set()
-            thread.join()
-        elapsed = seconds
+        alone: list[float] = []
+        busy: list[float] = []
+        written = 0
+        for _ in range(3):
+            alone.append(_sample_latency(rb, seconds, None)[0])
+            latency, steps = _sample_latency(rb, seconds, fresh)
+            busy.append(latency)
+            written += steps
+        a, b = float(np.median(alone)), float(np.median(busy))
         rows.append(
             [
                 name,
-                f"{np.median(times) * 1e3:.3f} ms",
-                f"{len(times) / elapsed:.0f}",
-                f"{written[0] / elapsed:,.0f}",
+                f"{a * 1e3:.3f} ms",
+                f"{b * 1e3:.3f} ms",
+                f"{b / a:.2f}x",
+                f"{written / (3 * seconds):,.0f}",
             ]
         )
     return rows
+
+
+def _sample_latency(rb, seconds: float, fresh: FreshChunks | None) -> tuple[float, int]:
+    """Median ``sample()`` latency over ``seconds``, with a writer thread extending from
+    ``fresh`` when given; and the steps it wrote."""
+    stop = threading.Event()
+    written = [0]
+
+    def writer() -> None:
+        assert fresh is not None
+        while not stop.is_set():
+            rb.extend(fresh.next())
+            written[0] += CHUNK
+            time.sleep(0)  # let the sampling thread in (both libraries alike)
+
+    thread = threading.Thread(target=writer) if fresh is not None else None
+    if thread is not None:
+        thread.start()
+    times = []
+    end = time.perf_counter() + seconds
+    try:
+        while time.perf_counter() < end:
+            start = time.perf_counter()
+            rb.sample()
+            times.append(time.perf_counter() - start)
+    finally:
+        stop.set()
+        if thread is not None:
+            thread.join()
+    return float(np.median(times)), written[0]
 
 
 def bench_loop(capacity: int, chunks: list[TensorDict], rounds: int) -> list[list[object]]:
@@ -296,7 +352,11 @@ def bench_loop(capacity: int, chunks: list[TensorDict], rounds: int) -> list[lis
             state[name] += 1
             rb.sample()
 
-    t = interleaved({n: (lambda n=n, rb=rb: step(n, rb)) for n, rb in bufs.items()}, rounds=rounds)
+    t = interleaved(
+        {n: (lambda n=n, rb=rb: step(n, rb)) for n, rb in bufs.items()},
+        rounds=rounds,
+        clock=CLOCK[0],
+    )
     ref = t["splice SliceSampler"].median
     return [[n, f"{x.median / 5 * 1e3:.3f} ms", ratio(x.median, ref)] for n, x in t.items()]
 
@@ -348,7 +408,7 @@ def bench_prioritized(capacity: int, chunks: list[TensorDict], rounds: int) -> l
             (theirs.sample(), theirs.update_priority(rows, prio)) for _ in range(reps)
         ],
     }
-    t = interleaved(contenders, rounds=rounds, warmup=1)
+    t = interleaved(contenders, rounds=rounds, warmup=1, clock=CLOCK[0])
     per = {k: v.median / reps for k, v in t.items()}
     out = []
     for what in ("draw", "sample()", "update_priority(512)", "sample() + update_priority(512)"):
@@ -358,7 +418,11 @@ def bench_prioritized(capacity: int, chunks: list[TensorDict], rounds: int) -> l
 
 
 def main() -> None:
-    args = parser(__doc__ or "").parse_args()
+    p = parser(__doc__ or "")
+    p.add_argument("--cpu-time", action="store_true", help="time in CPU time, not wall time")
+    args = p.parse_args()
+    if args.cpu_time:
+        CLOCK[0] = time.process_time
     warnings.filterwarnings("ignore")
     torch.set_num_threads(1)
     # Before TorchRL is imported: its prioritized samplers need the C++ extension.
@@ -368,12 +432,13 @@ def main() -> None:
     chunks = list(cartpole_stream(capacity, 20.0).split(CHUNK))
     print(
         f"# Replay buffer: {capacity:,} CartPole transitions, extends of {CHUNK:,}, "
-        f"samples of {BATCH} ({SLICES} x {SLICE_LEN})\n"
+        f"samples of {BATCH} ({SLICES} x {SLICE_LEN}); "
+        f"{'CPU' if args.cpu_time else 'wall'} time; load average {os.getloadavg()[0]:.1f}\n"
     )
     print("## extend (whole fill)\n")
     print(
         table(
-            ["contender", "time", "TorchRL slice / this", "this / raw"],
+            ["contender", "time", "this / TorchRL slice", "this / raw (faster copy)"],
             bench_extend(capacity, chunks, 1 if args.quick else 3),
         )
     )
@@ -408,8 +473,14 @@ def main() -> None:
     print("\n## sample while a background thread extends\n")
     print(
         table(
-            ["contender", "median sample", "samples/s", "steps written/s"],
-            bench_concurrent(capacity, chunks, 0.3 if args.quick else 3.0),
+            [
+                "contender",
+                "sample alone",
+                "sample, writer running",
+                "writer / alone",
+                "steps written/s",
+            ],
+            bench_concurrent(capacity, chunks, 0.2 if args.quick else 2.0),
         )
     )
 

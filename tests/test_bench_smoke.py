@@ -44,6 +44,9 @@ def test_bench_replay_quick() -> None:
     assert any("TorchRL SliceSampler(cache_values=True)" in line for line in lines)
     assert any("raw gather, precomputed slices" in line for line in lines)
     assert sum(line.startswith("| splice") for line in lines) >= 8
+    assert any(line.startswith("| splice, SliceSampler, [8, 125] batches") for line in lines)
+    assert any(line.startswith("| raw slice copy (numpy)") for line in lines)
+    assert any("writer / alone" in line for line in lines)
 
 
 def test_bench_envs_quick() -> None:

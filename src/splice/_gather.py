@@ -1,4 +1,5 @@
-"""``take_rows``: ``x.index_select(0, rows)``, through numpy on the CPU; ``stable_order``.
+"""``take_rows`` and ``put_rows``: row gathers and row-range writes, through numpy on the CPU;
+``stable_order``.
 
 On this project's 2-core benchmark machine, torch 2.13's CPU ``index_select`` costs 4-6x more
 than numpy's ``take`` for rows of a few elements (``[N, 4]`` float32, ``[N, 1]`` bool flags):
@@ -8,11 +9,14 @@ splits, the replay buffer's regrouping) goes through here.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import TypeVar
+
 import numpy as np
 import torch
 from torch import Tensor
 
-__all__ = ["stable_order", "take_rows"]
+__all__ = ["put_rows", "stable_order", "take_rows", "take_rows_of"]
 
 
 def take_rows(x: Tensor, rows: Tensor) -> Tensor:
@@ -49,3 +53,54 @@ def stable_order(values: np.ndarray, bound: int) -> np.ndarray:
     if bound <= np.iinfo(np.int16).max:
         values = values.astype(np.int16)
     return np.argsort(values, kind="stable")
+
+
+K = TypeVar("K")
+
+
+def take_rows_of(columns: Mapping[K, Tensor], rows: Tensor) -> dict[K, Tensor]:
+    """:func:`take_rows` of every column with the same ``rows``, converted to numpy once.
+
+    A sample gathers a few hundred rows of every stored key: the per-call checks of
+    :func:`take_rows` cost more than the gather itself (8 keys: 86 us against 33 us for the
+    bare ``np.take`` calls, measured). Here the rows are converted once and each column tries
+    its numpy view (``Tensor.numpy`` refuses accelerators, autograd and dtypes numpy lacks:
+    those go through ``index_select``).
+
+    Examples:
+        >>> cols = {"a": torch.arange(6).reshape(3, 2), "b": torch.tensor([1.0, 2.0, 3.0])}
+        >>> out = take_rows_of(cols, torch.tensor([2, 0]))
+        >>> out["a"].tolist(), out["b"].tolist()
+        ([[4, 5], [0, 1]], [3.0, 1.0])
+    """
+    idx = rows.numpy() if rows.device.type == "cpu" else None
+    out: dict[K, Tensor] = {}
+    for key, x in columns.items():
+        if idx is not None:
+            try:
+                out[key] = torch.from_numpy(x.numpy().take(idx, axis=0))
+                continue
+            except (TypeError, RuntimeError):  # see take_rows
+                pass
+        out[key] = x.index_select(0, rows)
+    return out
+
+
+def put_rows(dest: Tensor, start: int, src: Tensor) -> None:
+    """``dest[start : start + len(src)] = src`` (same dtype), through numpy on the CPU.
+
+    A torch slice plus ``copy_`` costs about 10 us per call on this project's benchmark
+    machine, a numpy slice assignment about 4 us; a replay buffer's ``extend`` makes one per
+    stored key. Tensors numpy cannot view (accelerators, bfloat16, autograd) go through
+    ``copy_``.
+
+    Examples:
+        >>> dest = torch.zeros(5, dtype=torch.int64)
+        >>> put_rows(dest, 1, torch.tensor([7, 8]))
+        >>> dest
+        tensor([0, 7, 8, 0, 0])
+    """
+    try:
+        dest.numpy()[start : start + src.shape[0]] = src.numpy()
+    except (TypeError, RuntimeError):  # not on the CPU, a dtype numpy lacks, autograd
+        dest[start : start + src.shape[0]].copy_(src)

@@ -92,3 +92,52 @@ def test_rebuild_reproduces_the_structure() -> None:
         a = [s for k, s in before if k == key]
         b = [s for k, s in after if k == key]
         assert [x - a[0] for x in a] == [x - b[0] for x in b]
+
+
+def _check_against_model(ix: ReplayIndex, model: Model) -> None:
+    assert len(ix) == len(model.pos) and ix.write_count == model.count
+    trajs = model.trajectories()
+    assert ix.num_trajectories == len(trajs)
+    for key, rows in trajs.items():
+        steps = [ix.describe(r) for r in rows]
+        assert {k for k, _ in steps} == {key}
+        got = [s for _, s in steps]
+        assert got == list(range(got[0], got[0] + len(got))), (key, got)
+        r = np.array(rows, dtype=np.int64)
+        assert ix.steps_before(r).tolist() == list(range(len(rows)))
+        assert ix.steps_after(r).tolist() == list(range(len(rows) - 1, -1, -1))
+        anchor = np.full(len(rows), rows[-1], dtype=np.int64)
+        back = np.arange(len(rows) - 1, -1, -1, dtype=np.int64)
+        assert ix.rows_back(anchor, back).tolist() == rows
+        first = np.full(len(rows), rows[0], dtype=np.int64)
+        assert ix.rows_forward(first, np.arange(len(rows), dtype=np.int64)).tolist() == rows
+    dead = set(range(ix.capacity)) - {p % ix.capacity for _, p in model.pos}
+    assert all(ix.row_slot[d] < 0 for d in dead)
+
+
+@settings(max_examples=150, deadline=None)
+@given(capacity=st.integers(1, 30), writes=batches())
+def test_planned_writes_match_the_model(capacity: int, writes: list[list[tuple[int, int]]]) -> None:
+    """The buffer's path: ``plan`` groups each trajectory of a batch into one run (the
+    order says where every input key went), then ``write`` takes its fast path."""
+    ix = ReplayIndex(capacity)
+    model = Model(capacity)
+    for runs in writes:
+        keys = np.array([k for k, n in runs for _ in range(n)], dtype=np.int64)
+        plan = ix.plan(keys)
+        order = np.arange(keys.size) if plan.order is None else plan.order
+        assert sorted(order.tolist()) == list(range(keys.size))
+        assert plan.keys.tolist() == keys[order].tolist()
+        for key in set(keys.tolist()):  # each trajectory: one run, its steps in input order
+            where = np.flatnonzero(plan.keys == key)
+            assert where.tolist() == list(range(where[0], where[-1] + 1))
+            assert np.all(np.diff(order[where]) > 0)
+        starts = np.flatnonzero(np.r_[True, plan.keys[1:] != plan.keys[:-1]])
+        assert plan.run_start.tolist() == starts.tolist()
+        report = ix.write(plan.keys, plan.run_start)
+        model.write(plan.keys.tolist())
+        n_kept = min(keys.size, capacity)
+        expected_rows = [p % capacity for p in range(model.count - n_kept, model.count)]
+        assert report.new_rows.tolist() == expected_rows
+        assert len(set(report.touched_slots.tolist())) == report.touched_slots.size
+        _check_against_model(ix, model)

@@ -105,9 +105,9 @@ def build(
     ``marks`` says how to mark slices (a sampler's :attr:`~splice.replay.Sampler.marks`;
     slices drawn by a sampler without marks get the defaults).
     """
-    out = {k: v.view(*p.batch, *v.shape[1:]) for k, v in columns.items()}
     rows = draw.rows
-    if rows.ndim == 1:
+    if rows.ndim == 1:  # single steps: the gathered columns are the output as they are
+        out = dict(columns)
         index = torch.from_numpy(rows)
         out[INDEX] = index
         info: dict[str, object] = {"index": index}
@@ -116,6 +116,7 @@ def build(
             out[PRIORITY_WEIGHT] = weight
             info["priority_weight"] = weight
         return to_tensordict(out, p.batch), info
+    out = {k: v.view(*p.batch, *v.shape[1:]) for k, v in columns.items()}
     marks = marks if marks is not None else SliceMarks()
     length = slice_lengths(draw)
     burn = draw.burn if draw.burn is not None else np.zeros(length.size, dtype=np.int64)

@@ -33,6 +33,7 @@ __all__ = [
 ]
 
 I64 = np.int64
+_KEY_SENTINEL = np.iinfo(np.int64).max
 
 
 @dataclass
@@ -77,6 +78,13 @@ class Pool:
 
     Ids are handed out smallest-first from a fresh pool and recycled last-in-first-out.
 
+    The fields are the rows of one 2-D array, :attr:`data` (``data[i]`` is field ``i``), so
+    that several fields of many ids are read or written in one numpy call
+    (``data[:, ids]``). ``data`` has one column more than the pool has ids: a *scratch*
+    column at the end, where a write addressed to id ``-1`` lands (``data[i, -1]``), so that
+    "link to the previous item, if any" needs no mask. Reads of id ``-1`` return that
+    scratch (meaningless) value.
+
     Examples:
         >>> pool = Pool(("lo", "hi"), size=2)
         >>> ids = pool.alloc(3)
@@ -85,13 +93,21 @@ class Pool:
         >>> pool.release(ids[:1])
         >>> pool.alloc(1).tolist()
         [0]
+        >>> pool.data[1, ids] = [5, 6, 7]
+        >>> pool.a["hi"][ids].tolist()
+        [5, 6, 7]
     """
 
     def __init__(self, fields: tuple[str, ...], size: int = 64) -> None:
         self.fields = fields
-        self.a: dict[str, np.ndarray] = {f: np.full(size, -1, dtype=I64) for f in fields}
+        self._set_data(np.full((len(fields), size + 1), -1, dtype=I64))
         self.free = np.arange(size - 1, -1, -1, dtype=I64)  # a stack: pop from the end
         self.n_free = size
+
+    def _set_data(self, data: np.ndarray) -> None:
+        size = data.shape[1] - 1
+        self.data = data
+        self.a: dict[str, np.ndarray] = {f: data[i, :size] for i, f in enumerate(self.fields)}
 
     @property
     def size(self) -> int:
@@ -104,10 +120,9 @@ class Pool:
     def _grow(self, need: int) -> None:
         old = self.size
         new = max(2 * old, old + need, 16)
-        for f in self.fields:
-            grown = np.full(new, -1, dtype=I64)
-            grown[:old] = self.a[f]
-            self.a[f] = grown
+        grown = np.full((len(self.fields), new + 1), -1, dtype=I64)
+        grown[:, :old] = self.data[:, :old]
+        self._set_data(grown)
         # New ids go below the current free ids so that the stack keeps popping small ids first.
         free = np.empty(new, dtype=I64)
         fresh = np.arange(new - 1, old - 1, -1, dtype=I64)
@@ -135,8 +150,14 @@ class Pool:
         missing = set(self.fields) - set(state.fields)
         if missing:
             raise ValueError(f"saved pool state lacks fields {sorted(missing)}")
-        for f in self.fields:
-            self.a[f] = np.array(state.fields[f], dtype=I64)
+        sizes = {np.asarray(state.fields[f]).size for f in self.fields}
+        if len(sizes) != 1:
+            raise ValueError(f"saved pool fields differ in size: {sorted(sizes)}")
+        size = sizes.pop()
+        data = np.full((len(self.fields), size + 1), -1, dtype=I64)
+        for i, f in enumerate(self.fields):
+            data[i, :size] = np.asarray(state.fields[f], dtype=I64)
+        self._set_data(data)
         self.free = np.array(state.free, dtype=I64)
         self.n_free = state.n_free
 
@@ -146,13 +167,15 @@ class KeyMap:
 
     Removal leaves a tombstone (value -1) that is compacted away once tombstones outnumber live
     entries, so removals and the (common) insertion of keys larger than every stored key are
-    amortised O(k); inserting keys in the middle costs one O(n) ``np.insert``.
+    amortised O(k); inserting keys in the middle costs one O(n) ``np.insert``. A sentinel
+    entry (the largest int64, value -1) follows the last key, so a lookup is one
+    ``searchsorted`` and three whole-array calls, with no bounds mask.
 
     Examples:
         >>> m = KeyMap()
         >>> m.assign(np.array([3, 9]), np.array([0, 1]))
-        >>> m.lookup(np.array([9, 4, 3])).tolist()
-        [1, -1, 0]
+        >>> m.lookup(np.array([9, 4, 3, 12])).tolist()
+        [1, -1, 0, -1]
         >>> m.remove(np.array([3]))
         >>> m.lookup(np.array([3])).tolist()
         [-1]
@@ -163,32 +186,35 @@ class KeyMap:
         self.vals = np.empty(64, dtype=I64)
         self.n = 0
         self.n_dead = 0
+        self._seal()
+
+    def _seal(self) -> None:
+        """Write the sentinel after the last key (``keys``/``vals`` have room for it)."""
+        self.keys[self.n] = _KEY_SENTINEL
+        self.vals[self.n] = -1
 
     def _find(self, q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        keys = self.keys[: self.n]
-        pos = np.searchsorted(keys, q)
-        found = pos < self.n
-        found[found] = keys[pos[found]] == q[found]
-        return pos, found
+        pos = np.searchsorted(self.keys[: self.n], q)
+        return pos, self.keys[pos] == q
 
     def lookup(self, q: np.ndarray) -> np.ndarray:
         """The value of each key of ``q`` (-1 when absent)."""
         pos, found = self._find(q)
-        out = np.full(q.size, -1, dtype=I64)
-        out[found] = self.vals[pos[found]]
-        return out
+        return np.where(found, self.vals[pos], -1)
+
+    def last_key(self) -> int | None:
+        """The largest stored key (tombstones included), None when empty."""
+        return int(self.keys[self.n - 1]) if self.n else None
 
     def assign(self, q: np.ndarray, v: np.ndarray) -> None:
         """Set ``map[q[i]] = v[i]``; ``q`` must be sorted and unique."""
         if q.size == 0:
             return
         if self.n == 0 or q[0] > self.keys[self.n - 1]:  # the common case: fresh, larger ids
-            self._reserve(self.n + q.size)
-            self.keys[self.n : self.n + q.size] = q
-            self.vals[self.n : self.n + q.size] = v
-            self.n += q.size
+            self._append(q, v)
             return
         pos, found = self._find(q)
+        found &= pos < self.n  # the sentinel is no entry (a key equal to it is new)
         revived = found.copy()
         revived[found] = self.vals[pos[found]] < 0
         self.n_dead -= int(revived.sum())
@@ -196,11 +222,8 @@ class KeyMap:
         qa, va = q[~found], v[~found]
         if qa.size == 0:
             return
-        if self.n == 0 or qa[0] > self.keys[self.n - 1]:
-            self._reserve(self.n + qa.size)
-            self.keys[self.n : self.n + qa.size] = qa
-            self.vals[self.n : self.n + qa.size] = va
-            self.n += qa.size
+        if qa[0] > self.keys[self.n - 1]:
+            self._append(qa, va)
             return
         where = pos[~found]
         keys = np.insert(self.keys[: self.n], where, qa)
@@ -210,6 +233,14 @@ class KeyMap:
         self.vals = np.empty(max(2 * self.n, 64), dtype=I64)
         self.keys[: self.n] = keys
         self.vals[: self.n] = vals
+        self._seal()
+
+    def _append(self, q: np.ndarray, v: np.ndarray) -> None:
+        self._reserve(self.n + q.size + 1)
+        self.keys[self.n : self.n + q.size] = q
+        self.vals[self.n : self.n + q.size] = v
+        self.n += q.size
+        self._seal()
 
     def remove(self, q: np.ndarray) -> None:
         if q.size == 0:
@@ -226,6 +257,7 @@ class KeyMap:
             self.n_dead = 0
             self.keys[: self.n] = keys
             self.vals[: self.n] = vals
+            self._seal()
 
     def _reserve(self, n: int) -> None:
         if n <= self.keys.size:
@@ -247,6 +279,7 @@ class KeyMap:
         self.keys[: self.n] = keys
         self.vals[: self.n] = np.array(state.vals, dtype=I64)
         self.n_dead = state.n_dead
+        self._seal()
 
 
 class DenseSet:
@@ -385,6 +418,8 @@ class SumTree:
                 break
         self.mins = [np.full(w.size, np.inf) for w in self.weights[1:]]
         self._cum: np.ndarray | None = None  # running sum of the top, None after a change
+        self._before = np.zeros(0)  # the top's running sum before each node (see _running)
+        self._starts = np.zeros(0, dtype=I64)  # see _row_starts
         self._last = 0  # the last top node with a positive weight
         self._min: float | None = None
 
@@ -421,8 +456,11 @@ class SumTree:
         return self.weights[0][idx]
 
     def _running(self) -> np.ndarray:
+        """The running sum of the top level (recomputed after a change), and
+        ``self._before``: the sum of the top nodes before each one."""
         if self._cum is None:
             self._cum = np.cumsum(self.top)
+            self._before = self._cum - self.top
             self._last = int(np.searchsorted(self._cum, self._cum[-1], side="left"))
         return self._cum
 
@@ -439,23 +477,33 @@ class SumTree:
         """For each mass ``u`` in ``[0, total)``: the leaf where the running sum passes ``u``."""
         F = self.FANOUT
         order = np.argsort(mass)
+        sorted_mass = mass[order]
         cum = self._running()
-        node = np.searchsorted(cum, mass[order], side="right")
+        node = cum.searchsorted(sorted_mass, side="right")
         np.minimum(node, self._last, out=node)  # a mass rounded up to the total
-        rest = mass[order] - (cum[node] - self.top[node])  # the mass left inside the node
-        pick = np.arange(node.size)
-        for prefix in reversed(self.prefix):
-            rows = prefix[node]
+        rest = sorted_mass - self._before[node]  # the mass left inside the node
+        deepest = len(self.prefix) - 1
+        for depth in range(deepest, -1, -1):
+            rows = self.prefix[depth].take(node, axis=0)
             # Rounding may leave ``rest`` at or past the block's sum: keep it below, so the
             # first running sum above it is a positive child.
             np.minimum(rest, np.nextafter(rows[:, -1], 0.0), out=rest)
             child = np.argmax(rows > rest[:, None], axis=1)
-            rest -= np.where(child > 0, rows[pick, child - 1], 0.0)
-            np.maximum(rest, 0.0, out=rest)
+            if depth:  # what is left for the level below (not needed at the leaves)
+                flat = rows.reshape(-1)
+                below = flat.take(self._row_starts(node.size) + child - 1)
+                rest -= np.where(child > 0, below, 0.0)
+                np.maximum(rest, 0.0, out=rest)
             node = node * F + child
         out = np.empty_like(node)
         out[order] = node
         return out
+
+    def _row_starts(self, k: int) -> np.ndarray:
+        """``0, FANOUT, 2 * FANOUT, ...``: where each of ``k`` gathered blocks starts."""
+        if self._starts.size < k:
+            self._starts = np.arange(max(k, 2 * self._starts.size), dtype=I64) * self.FANOUT
+        return self._starts[:k]
 
     def clear(self) -> None:
         for level in self.weights + self.prefix:

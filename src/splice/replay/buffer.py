@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, overload
 
@@ -18,6 +19,7 @@ from splice.layout import CUT, Key, LayoutError, as_key_tuple, fmt_key
 from splice.replay import _output
 from splice.replay._batch import (
     Columns,
+    FlatBatch,
     Kind,
     Schema,
     as_tensordict,
@@ -38,7 +40,6 @@ from splice.replay._structures import I64
 from splice.replay.index import ReplayIndex
 from splice.replay.samplers import RandomSampler, Sampler
 from splice.replay.storage import CommitState, LazyTensorStorage, Storage
-from splice.trajectories._index import index_by_id
 
 __all__ = ["ReplayBuffer"]
 
@@ -74,9 +75,9 @@ class ReplayBuffer:
     flags the index was built from): that raises :class:`~splice.layout.LayoutError`.
 
     One writer thread (a collector's ``start()``) and sampling threads may use a buffer
-    concurrently: every method that touches the storage or index holds a lock (the tensor
-    bookkeeping of a sample is done outside it), so a sample never sees a half-written batch
-    or a stale index.
+    concurrently: every method that touches the storage or index holds a lock (the flattening
+    and checking of a batch and the tensor bookkeeping of a sample are done outside it), so a
+    sample never sees a half-written batch or a stale index.
 
     Args:
         storage: where steps live (default ``LazyTensorStorage(1000)``, as in TorchRL).
@@ -217,17 +218,21 @@ class ReplayBuffer:
                 no trajectory boundaries a slice sampler could use. The buffer is unchanged.
         """
         td, kind = as_tensordict(data)
+        # Flattening and checking change nothing: done before taking the lock, so that a
+        # sampling thread waits only for the write itself.
+        staged = self._stage(td, kind)
         with self._lock:
-            return self._extend(td, kind)
+            return self._extend(td, kind, staged)
 
-    def _extend(self, td: TensorDictBase, kind: Kind) -> Tensor:
+    def _stage(self, td: TensorDictBase, kind: Kind) -> _Staged:
+        """Flatten and check a batch against the buffer as it is now (changes nothing)."""
         if self._kind is not None and kind is not self._kind:
             raise TypeError(
                 f"this buffer holds {self._kind.value} data; got a {kind.value} "
                 f"({type(td).__name__ if kind is Kind.TENSORDICT else kind.value})"
             )
-        first = self.storage.schema is None
-        bounds = self._bounds
+        seen_bounds, seen_schema = self._bounds, self.storage.schema
+        bounds = seen_bounds
         if bounds is None:
             bounds = resolve_boundaries(
                 td,
@@ -235,21 +240,30 @@ class ReplayBuffer:
                 end_key=_key(self.sampler.end_key),
                 needs_trajectories=self.sampler.needs_trajectories,
             )
-        batch = flatten_batch(td, bounds.ids_key, first=first)
+        batch = flatten_batch(td, bounds.ids_key, first=seen_schema is None)
+        schema = Schema.of(batch.columns) if seen_schema is None else seen_schema
+        if seen_schema is not None:
+            schema.check(batch.columns)
+        return _Staged(seen_bounds, seen_schema, bounds, batch, schema)
+
+    def _extend(self, td: TensorDictBase, kind: Kind, staged: _Staged | None = None) -> Tensor:
+        if (
+            staged is None
+            or staged.seen_bounds is not self._bounds
+            or staged.seen_schema is not self.storage.schema
+        ):  # staged before a first write or a restore by another thread: stage again
+            staged = self._stage(td, kind)
+        bounds, batch, schema = staged.bounds, staged.batch, staged.schema
+        first = staged.seen_schema is None
         columns = batch.columns
-        schema = Schema.of(columns) if first else self.storage.schema
-        assert schema is not None
-        if not first:
-            schema.check(columns)
         n = batch.n
         if n == 0:
             return torch.full(batch.input_shape, -1, dtype=torch.int64)
         keys, open_keys, next_key = bounds.keys_for(batch)
-        order = None
-        if bounds.mode == "ids":
-            order, keys = _trajectory_order(keys)
-            if order is not None:
-                columns = {k: take_rows(v, torch.from_numpy(order)) for k, v in columns.items()}
+        plan = self._index.plan(keys)  # each trajectory of the batch in one run of rows
+        order = plan.order
+        if order is not None:
+            columns = {k: take_rows(v, torch.from_numpy(order)) for k, v in columns.items()}
         capacity = self.storage.max_size
         written = columns
         if n > capacity:
@@ -262,13 +276,15 @@ class ReplayBuffer:
             self._kind = kind
         self.storage.begin_write(rows)
         self.storage.write(int(rows[0]), written)
-        report = self._index.write(np.ascontiguousarray(keys, dtype=I64))
+        report = self._index.write(plan.keys, plan.run_start)
         bounds.commit(open_keys, next_key)
         self._bounds = bounds
         self.sampler.on_write(report)
         self.storage.commit(self._commit_state())
         # The row of every input step: write order -> batch order -> input positions.
-        per_step = (self._index.write_count - n + np.arange(n, dtype=I64)) % capacity
+        per_step = report.new_rows
+        if n > capacity:  # the first steps were overwritten at once by the last ones
+            per_step = (self._index.write_count - n + np.arange(n, dtype=I64)) % capacity
         if order is not None:
             unsorted = np.empty_like(per_step)
             unsorted[order] = per_step
@@ -605,6 +621,18 @@ class ReplayBuffer:
         self._install(read_dir(root, self.sampler.state_type), str(root))
 
 
+@dataclass(frozen=True)
+class _Staged:
+    """A batch flattened and checked outside the lock, and the buffer state it was checked
+    against (``seen_*``: still current when the lock is taken, or it is staged again)."""
+
+    seen_bounds: Boundaries | None
+    seen_schema: Schema | None
+    bounds: Boundaries
+    batch: FlatBatch
+    schema: Schema
+
+
 def _key(key: NestedKey | None) -> Key | None:
     return None if key is None else as_key_tuple(key)
 
@@ -639,20 +667,6 @@ def _as_numpy(x: object, dtype: type[np.generic]) -> np.ndarray:
     if isinstance(x, Tensor):
         return x.detach().cpu().numpy().astype(dtype, copy=False)
     return np.asarray(x, dtype=dtype)
-
-
-def _trajectory_order(keys: np.ndarray) -> tuple[np.ndarray | None, np.ndarray]:
-    """For a batch whose trajectories interleave (a trajectory in several runs): the order
-    that makes each trajectory's steps consecutive (first appearance, time order kept), and
-    the keys in that order. ``(None, keys)`` when no reordering is needed."""
-    change = np.flatnonzero(keys[1:] != keys[:-1])
-    if change.size == 0:
-        return None, keys
-    run_keys = np.sort(keys[np.concatenate([[0], change + 1])])
-    if not (run_keys[1:] == run_keys[:-1]).any():
-        return None, keys
-    order = index_by_id(torch.from_numpy(np.ascontiguousarray(keys))).cat_order().numpy()
-    return order, keys[order]
 
 
 def _on_device(columns: Columns, device: torch.device) -> Columns:

@@ -42,13 +42,21 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
 from splice.replay._structures import EMPTY, I64, KeyMap, KeyMapState, Pool, PoolState
+from splice.trajectories._index import index_by_id
 
-__all__ = ["IndexState", "ReplayIndex", "WriteReport"]
+__all__ = ["IndexState", "ReplayIndex", "WritePlan", "WriteReport"]
 
 _TRAJ_FIELDS = ("key", "first", "last", "first_row", "last_row", "last_seg", "gen")
 _SEG_FIELDS = ("lo", "hi", "back", "fwd")
+# Rows of ``Pool.data``, for multi-field reads and writes.
+_KEY, _FIRST, _LAST, _FIRST_ROW, _LAST_ROW, _LAST_SEG, _GEN = range(len(_TRAJ_FIELDS))
+_LO, _HI, _BACK, _FWD = range(len(_SEG_FIELDS))
+#: ``first`` .. ``last_seg`` of a new trajectory. Its ``last_row`` is -2, so that
+#: ``last_row + 1 == start`` (the test for "continues physically") is never true for it.
+_NEW_TRAJ = np.array([0, -1, -1, -2, -1], dtype=I64)[:, None]
 
 
 @dataclass(frozen=True)
@@ -61,7 +69,7 @@ class WriteReport:
         head_old_first: the first live step of each of ``head_slots`` before the write.
         freed_slots: trajectories that have no live row left (their slot may be reused).
         new_rows: the rows written, in write order.
-        touched_slots: the trajectories that received rows.
+        touched_slots: the trajectories that received rows (each once).
     """
 
     evicted_rows: np.ndarray
@@ -70,6 +78,21 @@ class WriteReport:
     freed_slots: np.ndarray
     new_rows: np.ndarray
     touched_slots: np.ndarray
+
+
+@dataclass(frozen=True)
+class WritePlan:
+    """How :meth:`ReplayIndex.write` will lay out a batch (see :meth:`ReplayIndex.plan`).
+
+    Attributes:
+        keys: the trajectory key of every row, in write order (each trajectory in one run).
+        order: the input position of every written row (None: the input order).
+        run_start: the first position of every run of ``keys``.
+    """
+
+    keys: np.ndarray
+    order: np.ndarray | None
+    run_start: np.ndarray
 
 
 @dataclass
@@ -107,9 +130,13 @@ class ReplayIndex:
     def reset(self) -> None:
         """Forget everything (the rows' keys are left as they are)."""
         C = self.capacity
-        self.row_slot = np.full(C, -1, dtype=I64)
-        self.row_step = np.zeros(C, dtype=I64)
-        self.row_seg = np.full(C, -1, dtype=I64)
+        # slot, step and segment of every row, as one [3, C] array (a write fills the three
+        # with one numpy call); ``row_slot``, ``row_step`` and ``row_seg`` are its rows.
+        self._row_info = np.empty((3, C), dtype=I64)
+        self.row_slot, self.row_step, self.row_seg = self._row_info
+        self.row_slot.fill(-1)
+        self.row_step.fill(0)
+        self.row_seg.fill(-1)
         self.traj = Pool(_TRAJ_FIELDS)
         self.traj.a["gen"].fill(0)
         self.seg = Pool(_SEG_FIELDS)
@@ -165,7 +192,7 @@ class ReplayIndex:
         span = anchor - S["lo"][seg]
         out = anchor - offset
         far = offset > span
-        if not far.any():
+        if not np.count_nonzero(far):
             return out
         idx = np.flatnonzero(far)
         rem = offset[idx] - span[idx] - 1
@@ -176,7 +203,7 @@ class ReplayIndex:
             far = rem > span
             done = ~far
             out[idx[done]] = hi[done] - rem[done]
-            if not far.any():
+            if not np.count_nonzero(far):
                 return out
             idx, rem, seg = idx[far], rem[far] - span[far] - 1, S["back"][seg[far]]
 
@@ -187,7 +214,7 @@ class ReplayIndex:
         span = S["hi"][seg] - anchor
         out = anchor + offset
         far = offset > span
-        if not far.any():
+        if not np.count_nonzero(far):
             return out
         idx = np.flatnonzero(far)
         rem = offset[idx] - span[idx] - 1
@@ -198,7 +225,7 @@ class ReplayIndex:
             far = rem > span
             done = ~far
             out[idx[done]] = lo[done] + rem[done]
-            if not far.any():
+            if not np.count_nonzero(far):
                 return out
             idx, rem, seg = idx[far], rem[far] - span[far] - 1, S["fwd"][seg[far]]
 
@@ -220,23 +247,53 @@ class ReplayIndex:
         return rows
 
     # ------------------------------------------------------------------ writes
-    def write(self, keys: np.ndarray) -> WriteReport:
+    def plan(self, keys: np.ndarray) -> WritePlan:
+        """How to write a batch of trajectory ``keys`` so that each trajectory of it fills
+        one run of consecutive rows (the order a buffer writes its rows in).
+
+        Examples:
+            >>> ix = ReplayIndex(capacity=8)
+            >>> p = ix.plan(np.array([5, 6, 5, 6]))  # two trajectories, interleaved
+            >>> p.keys.tolist(), p.order.tolist(), p.run_start.tolist()
+            ([5, 5, 6, 6], [0, 2, 1, 3], [0, 2])
+            >>> ix.plan(np.array([5, 5, 6])).order is None  # already grouped
+            True
+        """
+        keys = np.ascontiguousarray(keys, dtype=I64).reshape(-1)
+        run_start = _run_starts(keys)
+        if run_start.size > 1:
+            run_keys = np.sort(keys[run_start])
+            if np.count_nonzero(run_keys[1:] == run_keys[:-1]):  # a trajectory in several runs
+                order = index_by_id(torch.from_numpy(keys)).cat_order().numpy()
+                keys = keys[order]
+                return WritePlan(keys, order, _run_starts(keys))
+        return WritePlan(keys, None, run_start)
+
+    def write(self, keys: np.ndarray, run_start: np.ndarray | None = None) -> WriteReport:
         """Append rows with trajectory ``keys`` (int64, write order) at the write cursor.
 
         When more rows than the capacity arrive, only the last ``capacity`` are kept (the
         others are counted in ``write_count`` but never live).
+
+        Args:
+            keys: the trajectory key of every row, in write order (a trajectory may occupy
+                several runs).
+            run_start: the first position of every run of equal keys, when the caller
+                knows that each trajectory occupies one run (``plan(keys).run_start``):
+                the write then takes its fast path (a few whole-array calls per batch).
         """
         n = keys.size
         evicted, head_slots, head_old, freed = self._evict(n)
         if n > self.capacity:
             self.write_count += n - self.capacity
             keys = keys[n - self.capacity :]
+            run_start = None
         seam = self.capacity - self.write_count % self.capacity
         if keys.size <= seam:
-            rows, touched = self._insert(keys)
+            rows, touched = self._insert(keys, run_start)
         else:  # the write wraps: two physically contiguous pieces
-            rows_a, touched_a = self._insert(keys[:seam])
-            rows_b, touched_b = self._insert(keys[seam:])
+            rows_a, touched_a = self._insert(keys[:seam], None)
+            rows_b, touched_b = self._insert(keys[seam:], None)
             rows = np.concatenate([rows_a, rows_b])
             touched = np.unique(np.concatenate([touched_a, touched_b]))
         return WriteReport(evicted, head_slots, head_old, freed, rows, touched)
@@ -259,115 +316,140 @@ class ReplayIndex:
         if stop <= self.lo:
             self.lo = max(self.lo, new_lo)
             return EMPTY, EMPTY, EMPTY, EMPTY
-        rows = self._ring(self.lo, stop - self.lo)
-        slots = self.row_slot[rows]
-        if (slots < 0).any():  # defensive: holes are never inside [lo, write_count)
-            rows, slots = rows[slots >= 0], slots[slots >= 0]
+        a, count = self.lo % self.capacity, stop - self.lo
+        # The evicted rows: a slice of the ring (views, no gathers) unless they wrap.
+        where: slice | np.ndarray = (
+            slice(a, a + count) if a + count <= self.capacity else self._ring(self.lo, count)
+        )
+        rows = self._ring(self.lo, count)
+        slots = self.row_slot[where]
+        if np.count_nonzero(slots < 0):  # defensive: holes are never inside [lo, write_count)
+            keep = slots >= 0
+            rows, slots, where = rows[keep], slots[keep], rows[keep]
         T, S = self.traj.a, self.seg.a
         # The last evicted row of each trajectory (its highest evicted step) is the last row
         # of one of the runs of equal slots; among those runs, keep each slot's last one.
-        run_end = np.flatnonzero(slots[1:] != slots[:-1])
-        cand = np.append(run_end, slots.size - 1)
+        cand = np.empty(slots.size, dtype=bool)
+        cand[-1] = True
+        np.not_equal(slots[1:], slots[:-1], out=cand[:-1])
+        cand = cand.nonzero()[0]
         cand_slots = slots[cand]
         order = np.argsort(cand_slots, kind="stable")
         sorted_slots = cand_slots[order]
-        last = np.ones(order.size, dtype=bool)
+        last = np.empty(order.size, dtype=bool)
+        last[-1] = True
         np.not_equal(sorted_slots[1:], sorted_slots[:-1], out=last[:-1])
         uniq = sorted_slots[last]
         last_row = rows[cand[order[last]]]
         last_step = self.row_step[last_row]
         whole = last_step == T["last"][uniq]
-        freed, part = uniq[whole], uniq[~whole]
-        part_row = last_row[~whole]
+        survives = ~whole
+        freed, part = uniq[whole], uniq[survives]
+        part_row = last_row[survives]
         head_old = T["first"][part]
-        T["first"][part] = last_step[~whole] + 1
+        T["first"][part] = last_step[survives] + 1
         # The successor of the last evicted row becomes the trajectory's first live row.
         seg = self.row_seg[part_row]
         succ = part_row + 1
         at_end = part_row == S["hi"][seg]
-        if at_end.any():
+        if np.count_nonzero(at_end):
             succ[at_end] = S["lo"][S["fwd"][seg[at_end]]]
         T["first_row"][part] = succ
-        # Segments whose last row goes are gone entirely; unlink them from their successors.
-        ev_seg = self.row_seg[rows]
+        # Segments whose last row goes are gone entirely; unlink them from their successors
+        # (a segment without one links to -1: the pool's scratch column).
+        ev_seg = self.row_seg[where]
         dead = ev_seg[rows == S["hi"][ev_seg]]
-        nxt = S["fwd"][dead]
-        S["back"][nxt[nxt >= 0]] = -1
+        self.seg.data[_BACK][S["fwd"][dead]] = -1
         self.seg.release(dead)
         if freed.size:
             self.keys.remove(np.sort(T["key"][freed]))
             T["key"][freed] = -1  # marks the slot free
             self.traj.release(freed)
-        self.row_slot[rows] = -1
+        self.row_slot[where] = -1
         self.lo = new_lo
         return rows, part, head_old, freed
 
     def _new_slots(self, keys: np.ndarray) -> np.ndarray:
         """Allocate and initialise slots for (unique, absent) ``keys``."""
         fresh = self.traj.alloc(keys.size)
-        T = self.traj.a
-        T["key"][fresh] = keys
-        T["first"][fresh] = 0
-        T["last"][fresh] = -1
-        T["first_row"][fresh] = -1
-        T["last_row"][fresh] = -1
-        T["last_seg"][fresh] = -1
-        T["gen"][fresh] += 1
-        order = np.argsort(keys)
-        self.keys.assign(keys[order], fresh[order])
+        T = self.traj.data
+        T[_KEY, fresh] = keys
+        T[_FIRST:_GEN, fresh] = _NEW_TRAJ
+        self.traj.a["gen"][fresh] += 1
+        if keys.size == 1 or np.count_nonzero(keys[1:] <= keys[:-1]) == 0:
+            self.keys.assign(keys, fresh)
+        else:
+            order = np.argsort(keys)
+            self.keys.assign(keys[order], fresh[order])
         return fresh
 
-    def _insert(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Insert ``keys`` at the write cursor; the rows must not cross the ring seam."""
+    def _insert(
+        self, keys: np.ndarray, run_start: np.ndarray | None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Insert ``keys`` at the write cursor; the rows must not cross the ring seam.
+
+        ``run_start``: the runs of ``keys``, when each trajectory occupies one run.
+        """
         n = keys.size
         if n == 0:
             return EMPTY, EMPTY
         a0 = self.write_count % self.capacity
         rows = np.arange(a0, a0 + n, dtype=I64)
-        brk = np.flatnonzero(keys[1:] != keys[:-1])
-        run_start = np.empty(brk.size + 1, dtype=I64)
-        run_start[0] = 0
-        run_start[1:] = brk + 1
+        if run_start is None:
+            run_start = _run_starts(keys)
+            if run_start.size > 1:
+                sorted_keys = np.sort(keys[run_start])
+                if np.count_nonzero(sorted_keys[1:] == sorted_keys[:-1]):
+                    return rows, self._insert_interleaved(keys, rows)
+        # Each trajectory occupies one run of this write: every step below is one numpy
+        # call over the runs (or the rows), whatever the number of trajectories. (1-D
+        # gathers and scatters: numpy's ``a[i, idx]`` costs several times ``a[i][idx]``.)
+        R = run_start.size
+        run_end = np.empty(R, dtype=I64)
+        run_end[:-1] = run_start[1:]
+        run_end[-1] = n
+        run_len = run_end - run_start
         run_keys = keys[run_start]
-        sorted_keys = np.sort(run_keys)
-        if (sorted_keys[1:] == sorted_keys[:-1]).any():
-            return rows, self._insert_interleaved(keys, rows)
-        # Fast path: each trajectory occupies one run of this write.
-        run_len = np.empty(run_start.size, dtype=I64)
-        np.subtract(run_start[1:], run_start[:-1], out=run_len[:-1])
-        run_len[-1] = n - run_start[-1]
-        T = self.traj.a
         slot = self.keys.lookup(run_keys)
         new = slot < 0
-        if new.any():
+        n_new = np.count_nonzero(new)
+        if n_new:
             slot[new] = self._new_slots(run_keys[new])
-            T = self.traj.a
-        start_row = a0 + run_start
-        end_row = start_row + run_len - 1
+        T = self.traj.a
         step0 = T["last"][slot] + 1
-        prev_row = T["last_row"][slot]
         prev_seg = T["last_seg"][slot]
-        merge = (prev_row >= 0) & (prev_row == start_row - 1)
-        seg = prev_seg.copy()
-        fresh = ~merge
-        n_fresh = int(fresh.sum())
-        if n_fresh:
-            ids = self.seg.alloc(n_fresh)
+        start_row = run_start + a0
+        end_row = run_end + (a0 - 1)
+        # A run that starts right after its trajectory's last row extends that segment;
+        # the others start a segment linked after the trajectory's last one (if any: a
+        # link from segment -1 lands in the pool's scratch column).
+        merge = T["last_row"][slot] + 1 == start_row
+        n_merge = int(np.count_nonzero(merge))
+        if n_merge:
+            fresh = ~merge
+            seg = prev_seg.copy()
+            ids = self.seg.alloc(R - n_merge)
             seg[fresh] = ids
-            S = self.seg.a
-            back = prev_seg[fresh]
-            S["lo"][ids] = start_row[fresh]
-            S["back"][ids] = back
-            S["fwd"][ids] = -1
-            linked = back >= 0
-            S["fwd"][back[linked]] = ids[linked]
-        S = self.seg.a
-        S["hi"][seg] = end_row
-        self.row_slot[a0 : a0 + n] = np.repeat(slot, run_len)
-        self.row_step[a0 : a0 + n] = np.repeat(step0 - run_start, run_len) + np.arange(n)
-        self.row_seg[a0 : a0 + n] = np.repeat(seg, run_len)
+            lo, back = start_row[fresh], prev_seg[fresh]
+        else:
+            seg = ids = self.seg.alloc(R)
+            lo, back = start_row, prev_seg
+        S = self.seg.data
+        S[_LO][ids] = lo
+        S[_BACK][ids] = back
+        S[_FWD][ids] = -1
+        S[_FWD][back] = ids
+        S[_HI][seg] = end_row
+        # Per row: slot, step and segment, repeated from the runs in one call.
+        per_run = np.empty((3, R), dtype=I64)
+        per_run[0] = slot
+        np.subtract(step0, run_start, out=per_run[1])
+        per_run[2] = seg
+        info = np.repeat(per_run, run_len, axis=1)
+        info[1] += rows - a0
+        self._row_info[:, a0 : a0 + n] = info
         self.row_key[a0 : a0 + n] = keys
-        if new.any():
+        if n_new:
             T["first_row"][slot[new]] = start_row[new]
         T["last"][slot] = step0 + run_len - 1
         T["last_row"][slot] = end_row
@@ -388,7 +470,7 @@ class ReplayIndex:
         inv = inv.reshape(-1)
         slot_u = self.keys.lookup(uk)
         new_u = slot_u < 0
-        if new_u.any():
+        if np.count_nonzero(new_u):
             slot_u[new_u] = self._new_slots(uk[new_u])
         T = self.traj.a
         # Work on runs grouped by trajectory (stable: in write order within a trajectory).
@@ -474,12 +556,22 @@ class ReplayIndex:
             size = getattr(state, name).size
             if size != self.capacity:
                 raise ValueError(f"saved index has {size} rows in {name}, not {self.capacity}")
-        self.row_slot = np.array(state.row_slot, dtype=I64)
-        self.row_step = np.array(state.row_step, dtype=I64)
-        self.row_seg = np.array(state.row_seg, dtype=I64)
+        self.row_slot[:] = np.asarray(state.row_slot, dtype=I64)
+        self.row_step[:] = np.asarray(state.row_step, dtype=I64)
+        self.row_seg[:] = np.asarray(state.row_seg, dtype=I64)
         self.row_key[:] = np.asarray(state.row_key, dtype=I64)
         self.write_count = state.write_count
         self.lo = state.lo
         self.traj.restore(state.traj)
         self.seg.restore(state.seg)
         self.keys.restore(state.keys)
+
+
+def _run_starts(keys: np.ndarray) -> np.ndarray:
+    """The first position of every run of equal consecutive ``keys``."""
+    if keys.size == 0:
+        return EMPTY
+    head = np.empty(keys.size, dtype=bool)
+    head[0] = True
+    np.not_equal(keys[1:], keys[:-1], out=head[1:])
+    return head.nonzero()[0]

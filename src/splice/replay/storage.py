@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from splice._gather import take_rows
+from splice._gather import put_rows, take_rows_of
 from splice.replay._batch import Columns, Schema
 from splice.replay._files import file_tensor, read_json, write_json_atomic
 from splice.replay._state import as_int
@@ -147,11 +147,11 @@ class Storage:
         head = min(n, self.max_size - start_row)
         for key, dest in self.columns.items():
             src = columns[key]
-            if src.device != dest.device:
-                src = src.to(dest.device)
-            dest[start_row : start_row + head].copy_(src[:head])
             if head < n:
-                dest[: n - head].copy_(src[head:])
+                put_rows(dest, start_row, src[:head])
+                put_rows(dest, 0, src[head:])
+            else:
+                put_rows(dest, start_row, src)
 
     def set_rows(self, rows: Tensor, columns: Columns) -> None:
         """Overwrite some keys at some rows in place (``rows``: int64 on the CPU, in range;
@@ -165,7 +165,7 @@ class Storage:
         """The given rows of every column (``rows``: int64 on the CPU, values in range)."""
         if self.device.type != "cpu":
             rows = rows.to(self.device)
-        return {key: take_rows(col, rows) for key, col in self.columns.items()}
+        return take_rows_of(self.columns, rows)
 
     # ------------------------------------------------------------------ durability hooks
     def begin_write(self, rows: np.ndarray) -> None:

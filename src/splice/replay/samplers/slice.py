@@ -75,9 +75,11 @@ class SliceSampler(Sampler):
     * ``weighting``: ``"trajectory"`` (TorchRL's behaviour and the default: every eligible
       trajectory is equally likely, then the slice position is uniform within it) or
       ``"transition"`` (every eligible slice position in the buffer is equally likely: each
-      stored step is equally likely to start a slice). With ``"trajectory"`` a step of a short
-      episode is sampled far more often than a step of a long one; ``"transition"`` is the
-      unbiased choice.
+      step followed by at least ``slice_len - 1`` steps of its trajectory is equally likely
+      to start a slice, and with ``strict_length=False`` every stored step is). With
+      ``"trajectory"`` a step of a short episode is sampled far more often than a step of a
+      long one; with ``"transition"`` only a trajectory's first ``slice_len - 1`` steps (and,
+      with ``strict_length=True``, its last ``slice_len - 1``) lie in fewer slices.
     * ``as_sequences=True`` returns ``[num_slices, width]`` instead of TorchRL's flat
       ``[num_slices * width]`` (``width = burn_in + slice_len``), with a mask.
     * ``burn_in=K`` prepends up to ``K`` steps to every slice (fewer near the trajectory's
@@ -298,17 +300,21 @@ class SliceSampler(Sampler):
             new = report.new_rows
             self._ends.add(new[index.steps_before(new) >= length - 1])
         if self.weighting == "trajectory":
-            changed = np.concatenate([report.head_slots, report.freed_slots, report.touched_slots])
-            self._update_trajs(np.unique(changed))
+            changed = report.touched_slots  # unique
+            if report.head_slots.size or report.freed_slots.size:
+                changed = np.unique(
+                    np.concatenate([report.head_slots, report.freed_slots, changed])
+                )
+            self._update_trajs(changed)
 
     def _update_trajs(self, slots: np.ndarray) -> None:
         index = self.index
         assert self._built_len is not None
         self._trajs.grow(index.traj.size)
         T = index.traj.a
-        alive = T["key"][slots] >= 0
-        long = T["last"][slots] - T["first"][slots] + 1 >= self._built_len
-        ok = alive & (long | (not self.strict_length))
+        ok = T["key"][slots] >= 0  # alive
+        if self.strict_length:
+            ok &= T["last"][slots] - T["first"][slots] >= self._built_len - 1
         self._trajs.discard(slots[~ok], unique=True)
         self._trajs.add(slots[ok], unique=True)
 

@@ -1,0 +1,95 @@
+"""The replay index's containers against plain-numpy references (hypothesis)."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from splice.replay._structures import KeyMap, Pool, SumTree
+
+
+class SmallTopTree(SumTree):
+    """A tree whose top level holds at most 2 blocks: a few leaves make several levels."""
+
+    TOP = 2
+
+
+@settings(max_examples=120, deadline=None)
+@given(
+    weights=st.lists(
+        st.one_of(st.just(0.0), st.floats(1e-3, 1e3)), min_size=1, max_size=3000
+    ).filter(lambda w: sum(w) > 0),
+    small_top=st.booleans(),
+    seed=st.integers(0, 2**31 - 1),
+    updates=st.integers(0, 3),
+)
+def test_sum_tree_find_matches_the_running_sum(
+    weights: list[float], small_top: bool, seed: int, updates: int
+) -> None:
+    rng = np.random.default_rng(seed)
+    w = np.array(weights)
+    tree = (SmallTopTree if small_top else SumTree)(w.size)
+    tree.set(np.arange(w.size), w)
+    for _ in range(updates):  # some leaves change (zeros included)
+        idx = rng.integers(0, w.size, rng.integers(1, 20))
+        val = np.where(rng.random(idx.size) < 0.3, 0.0, rng.random(idx.size) * 10)
+        tree.set(idx, val)
+        last = {int(i): v for i, v in zip(idx, val, strict=True)}
+        w[list(last)] = list(last.values())
+    if w.sum() <= 0:
+        return
+    running = np.cumsum(w)
+    assert np.isclose(tree.total(), running[-1])
+    assert tree.min() == w[w > 0].min()
+    mass = np.concatenate([rng.random(256) * tree.total(), [0.0, np.nextafter(tree.total(), 0)]])
+    leaves = tree.find(mass)
+    assert (w[leaves] > 0).all()  # zero-weight leaves are never found
+    # The leaf's span of the running sum holds the mass (up to rounding of the sums).
+    tol = 1e-9 * running[-1]
+    assert (running[leaves] - w[leaves] <= mass + tol).all()
+    assert (mass < running[leaves] + tol).all()
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    ops=st.lists(
+        st.tuples(st.booleans(), st.lists(st.integers(-3, 60), min_size=1, max_size=8)),
+        min_size=1,
+        max_size=30,
+    )
+)
+def test_key_map_matches_a_dict(ops: list[tuple[bool, list[int]]]) -> None:
+    m, ref = KeyMap(), {}
+    value = 0
+    for insert, keys in ops:
+        q = np.unique(np.array(keys, dtype=np.int64))
+        if insert:
+            v = np.arange(value, value + q.size, dtype=np.int64)
+            value += q.size
+            m.assign(q, v)
+            ref.update(zip(q.tolist(), v.tolist(), strict=True))
+        else:
+            m.remove(q)
+            for k in q.tolist():
+                ref.pop(k, None)
+        probe = np.arange(-5, 65, dtype=np.int64)
+        assert m.lookup(probe).tolist() == [ref.get(k, -1) for k in probe.tolist()]
+    big = np.array([np.iinfo(np.int64).max], dtype=np.int64)  # the sentinel's value
+    assert m.lookup(big).tolist() == [-1]
+    m.assign(big, np.array([7]))
+    assert m.lookup(big).tolist() == [7]
+
+
+def test_pool_scratch_column_absorbs_writes_to_id_minus_one() -> None:
+    pool = Pool(("a", "b"), size=4)
+    ids = pool.alloc(4)
+    pool.data[0, ids] = [1, 2, 3, 4]
+    pool.data[0][np.array([-1, 2])] = [99, 30]
+    assert pool.a["a"].tolist() == [1, 2, 30, 4]  # id -1 wrote the scratch column only
+    pool.alloc(3)  # grows: live ids keep their fields
+    assert pool.a["a"][:4].tolist() == [1, 2, 30, 4]
+    state = pool.state()
+    other = Pool(("a", "b"))
+    other.restore(state)
+    assert other.a["a"][:4].tolist() == [1, 2, 30, 4] and other.size == pool.size
