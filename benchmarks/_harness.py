@@ -10,6 +10,7 @@ import argparse
 import ctypes
 import functools
 import gc
+import os
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -151,6 +152,12 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
 def ratio(slow: float, fast: float) -> str:
     """``slow / fast`` formatted as ``12.3x``."""
     return f"{slow / fast:.1f}x" if fast > 0 else "inf"
+
+
+def load() -> str:
+    """The machine's load average, for the record next to timings."""
+    one, five, _ = os.getloadavg()
+    return f"load average {one:.1f} (1 min), {five:.1f} (5 min) on {os.cpu_count()} cores"
 
 
 def parser(description: str) -> argparse.ArgumentParser:

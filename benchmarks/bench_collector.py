@@ -13,11 +13,16 @@ point, which TorchRL cannot wrap); a random policy and a 2x64 MLP (argmax of log
 * TorchRL: ``torchrl.collectors.Collector`` with ``GymEnv`` / ``SerialEnv`` (categorical
   actions), ``RandomPolicy`` or the same MLP.
 
+Frames/s are wall-clock medians; on a machine shared with other work they are also given per
+second of this process's CPU time (``time.process_time``; every contender runs in this
+process, torch on one thread), which preemption does not distort: the ``(CPU)`` ratios.
+
 Run: ``python -m benchmarks.bench_collector [--quick]``.
 """
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -29,7 +34,7 @@ import torch
 from tensordict import TensorDict
 
 import splice
-from benchmarks._harness import frames_per_second, parser, table
+from benchmarks._harness import frames_per_second, load, parser, table
 
 
 class MLPPolicy(torch.nn.Module):
@@ -168,15 +173,30 @@ def measure(
         if made is not None:
             runs["torchrl" + (" tpb" if trajs else "")] = (made[0], torchrl_frames)
             closers.append(made[1].shutdown)
-    fps = frames_per_second(runs, rounds=rounds)
+    cpu_rates: dict[str, list[float]] = {name: [] for name in runs}
+
+    def on_cpu(name: str, run: Callable[[int], int]) -> Callable[[int], int]:
+        def timed(n: int) -> int:
+            start = time.process_time()
+            done = run(n)
+            cpu_rates[name].append(done / max(time.process_time() - start, 1e-9))
+            return done
+
+        return timed
+
+    fps = frames_per_second(
+        {name: (on_cpu(name, run), n) for name, (run, n) in runs.items()}, rounds=rounds
+    )
+    # the first call of each contender is the harness's warm-up
+    cpu = {name: statistics.median(r[1:] or r) for name, r in cpu_rates.items()}
     for close in closers:
         close()
 
     def cell(key: str) -> str:
         return f"{fps[key]:,.0f}" if key in fps else "n/a"
 
-    def rel(a: str, b: str) -> str:
-        return f"{fps[a] / fps[b]:.2f}x" if a in fps and b in fps else "n/a"
+    def rel(a: str, b: str, rates: dict[str, float] = fps) -> str:
+        return f"{rates[a] / rates[b]:.2f}x" if a in rates and b in rates else "n/a"
 
     return [
         config.name,
@@ -190,6 +210,8 @@ def measure(
         rel("splice", "torchrl"),
         rel("splice tpb", "torchrl tpb"),
         rel("splice tpb", "splice"),
+        rel("splice", "bare", cpu),
+        rel("splice tpb", "splice", cpu),
     ]
 
 
@@ -214,6 +236,7 @@ def main() -> None:
         ),
     ]
     rows = []
+    print(f"start: {load()}", flush=True)
     start = time.perf_counter()
     for config in configs:
         for policy_name in ("random", "mlp"):
@@ -244,7 +267,10 @@ def main() -> None:
         "splice/TorchRL",
         "tpb: splice/TorchRL",
         "tpb cost (splice tpb/splice)",
+        "splice/bare (CPU)",
+        "tpb cost (CPU)",
     ]
+    print(f"end: {load()}")
     print()
     print("CartPole-v1 frames/s (median of round-robin runs; tpb = trajs_per_batch, 'cat')")
     print(table(headers, rows))

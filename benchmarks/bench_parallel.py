@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 import splice
-from benchmarks._harness import parser, table
+from benchmarks._harness import load, parser, table
 from benchmarks.bench_collector import MLPPolicy, mlp_policy
 
 WORKERS = 2
@@ -136,11 +136,6 @@ def round_robin(
             wall[name].append(frames / (time.perf_counter() - start))
             cpu[name].append(frames / max(tree_cpu_seconds() - start_cpu, 1e-3))
     return {name: (statistics.median(wall[name]), statistics.median(cpu[name])) for name in wall}
-
-
-def load() -> str:
-    one, five, _ = os.getloadavg()
-    return f"load average {one:.1f} (1 min), {five:.1f} (5 min) on {os.cpu_count()} cores"
 
 
 def ratio(a: float, b: float) -> str:

@@ -1,4 +1,5 @@
-"""``take_rows`` and ``put_rows``: row gathers and row-range writes, through numpy on the CPU.
+"""``take_rows`` and ``put_rows``: row gathers and row-range writes, through numpy on the CPU;
+``stable_order``.
 
 On this project's 2-core benchmark machine, torch 2.13's CPU ``index_select`` costs 4-6x more
 than numpy's ``take`` for rows of a few elements (``[N, 4]`` float32, ``[N, 1]`` bool flags):
@@ -15,7 +16,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-__all__ = ["put_rows", "take_rows", "take_rows_of"]
+__all__ = ["put_rows", "stable_order", "take_rows", "take_rows_of"]
 
 
 def take_rows(x: Tensor, rows: Tensor) -> Tensor:
@@ -36,6 +37,22 @@ def take_rows(x: Tensor, rows: Tensor) -> Tensor:
     except (TypeError, RuntimeError):  # a dtype numpy lacks; conjugate/negative views
         return x.index_select(0, rows)
     return torch.from_numpy(np.take(array, rows.numpy(), axis=0))
+
+
+def stable_order(values: np.ndarray, bound: int) -> np.ndarray:
+    """``np.argsort(values, kind="stable")`` for ints in ``[0, bound)``.
+
+    Cast to int16 when they fit: numpy sorts int16 with a radix sort, several times faster
+    than its merge sort of int64 on a few thousand values (the row or time index of a
+    batch's episode starts and ends).
+
+    Examples:
+        >>> stable_order(np.array([2, 0, 2, 1]), bound=3)
+        array([1, 3, 0, 2])
+    """
+    if bound <= np.iinfo(np.int16).max:
+        values = values.astype(np.int16)
+    return np.argsort(values, kind="stable")
 
 
 K = TypeVar("K")

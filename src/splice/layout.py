@@ -55,6 +55,7 @@ __all__ = [
     "LayoutError",
     "TrajFormat",
     "as_key_tuple",
+    "check_traj_format",
     "check_trajectory_ids",
     "fmt_key",
     "is_integer_dtype",
@@ -69,6 +70,24 @@ Key = tuple[str, ...]
 TrajFormat = Literal["padded", "cat"]
 #: The values :data:`TrajFormat` allows.
 TRAJ_FORMATS: tuple[TrajFormat, ...] = ("padded", "cat")
+
+
+def check_traj_format(traj_format: object) -> None:
+    """Refuse a ``traj_format`` that is not one of :data:`TRAJ_FORMATS`.
+
+    Raises:
+        ValueError: naming the allowed values.
+
+    Examples:
+        >>> check_traj_format("cat")
+        >>> check_traj_format("nested")
+        Traceback (most recent call last):
+        ...
+        ValueError: traj_format must be one of ('padded', 'cat'), got 'nested'
+    """
+    if traj_format not in TRAJ_FORMATS:
+        raise ValueError(f"traj_format must be one of {TRAJ_FORMATS}, got {traj_format!r}")
+
 
 #: The sub-TensorDict holding what the env returned after the step's action.
 NEXT = "next"

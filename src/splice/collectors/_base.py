@@ -19,7 +19,7 @@ import traceback
 import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -28,10 +28,40 @@ from tensordict import TensorDict, TensorDictBase
 from splice.collectors._progress import ProgressBar, require_tqdm
 from splice.collectors._settings import CollectorSettings
 from splice.collectors.background import BackgroundRunner
-from splice.layout import MASK, TRAJ_IDS
+from splice.layout import MASK, TRAJ_IDS, TrajFormat
 from splice.trajectories import TrajectoryAssembler, split_trajectories
+from splice.trajectories.assembler import Drained
 
-__all__ = ["CollectorBase"]
+__all__ = ["CollectorBase", "EpisodeSource"]
+
+
+class EpisodeSource(Protocol):
+    """What holds whole episodes for ``trajs_per_batch`` (the interface the front end uses
+    of :class:`~splice.TrajectoryAssembler`)."""
+
+    def __len__(self) -> int:
+        """Complete episodes ready to emit."""
+        ...
+
+    @property
+    def frames_buffered(self) -> int:
+        """Steps held (complete and in flight)."""
+        ...
+
+    def emit(self, n: int | None = None, traj_format: TrajFormat = "padded") -> TensorDict:
+        """Remove and return ``n`` complete episodes."""
+        ...
+
+    def drain(
+        self, traj_format: TrajFormat = "padded", *, drop_incomplete: bool = False
+    ) -> Drained:
+        """Remove everything: complete episodes, then the ones in flight marked cut."""
+        ...
+
+    def reset(self) -> None:
+        """Forget everything."""
+        ...
+
 
 #: How long interpreter exit waits for a background collection to finish its current batch.
 EXIT_TIMEOUT = 6.0  # ends worker processes within 10 s of exit, teardown included
@@ -87,7 +117,8 @@ class CollectorBase(ABC):
         self.replay_buffer = replay_buffer
         self.progress = progress
         self.track_episodes = progress or track_episodes
-        self._assembler = TrajectoryAssembler() if self.trajs_per_batch is not None else None
+        #: Where whole episodes are assembled (``trajs_per_batch``), or None.
+        self._assembler = self._new_assembler() if self.trajs_per_batch is not None else None
         self._frames = 0
         self._batches = 0
         self._finished = False
@@ -145,6 +176,18 @@ class CollectorBase(ABC):
     #: :meth:`update_policy_weights_` during background collection are then loaded by that
     #: thread between two batches; otherwise (workers run copies) they are loaded at once.
     _policy_in_collection_thread = True
+
+    def _new_assembler(self) -> EpisodeSource:
+        """What assembles whole episodes (``trajs_per_batch``): a
+        :class:`~splice.TrajectoryAssembler` fed with every batch, by default. A source that
+        can keep its steps as episodes itself returns its own :class:`EpisodeSource` and
+        overrides :meth:`_collect_episodes`."""
+        return TrajectoryAssembler()
+
+    def _collect_episodes(self) -> None:
+        """Collect one batch into :attr:`_assembler` (``trajs_per_batch``)."""
+        assert isinstance(self._assembler, TrajectoryAssembler)
+        self._assembler.ingest(self._collect_batch())
 
     def _finish_in_flight(self) -> None:
         """At the end of background collection: collect and store (with :meth:`_produce`) the
@@ -208,13 +251,23 @@ class CollectorBase(ABC):
         return self.total_frames == -1 or self._frames < self.total_frames
 
     def _collect_batch(self) -> TensorDict:
+        random_actions = self._before_collecting()
+        batch, returns = self._collect_one(random_actions)
+        self._count_collected(batch.numel(), returns)
+        return batch
+
+    def _before_collecting(self) -> bool:
+        """What comes before each batch (weights, ``reset_at_each_iter``); returns whether
+        the batch uses random actions (``init_random_frames``)."""
         if self._closed:
             raise RuntimeError("the collector is shut down")
         self._apply_pending_weights()
         if self.reset_at_each_iter and self._batches > 0:
             self._reset_envs()
-        batch, returns = self._collect_one(self._frames < self.init_random_frames)
-        frames = batch.numel()
+        return self._frames < self.init_random_frames
+
+    def _count_collected(self, frames: int, returns: np.ndarray) -> None:
+        """Count a collected batch: frames, episode log, progress bar."""
         self._frames += frames
         self._batches += 1
         if self.track_episodes:
@@ -223,7 +276,6 @@ class CollectorBase(ABC):
             if self._bar is None:
                 self._bar = ProgressBar(None if self.total_frames == -1 else self.total_frames)
             self._bar.update(frames, returns)
-        return batch
 
     def _deliver(self, out: TensorDictBase) -> TensorDictBase:
         if self.replay_buffer is not None:
@@ -238,12 +290,12 @@ class CollectorBase(ABC):
 
     def _produce(self) -> list[TensorDictBase]:
         """Collect one batch; return what it makes available (0..n outputs, delivered)."""
-        batch = self._collect_batch()
         if self._assembler is None:
+            batch = self._collect_batch()
             out = split_trajectories(batch) if self.split_trajs else batch
             return [self._deliver(out)]
         assert self.trajs_per_batch is not None
-        self._assembler.ingest(batch)
+        self._collect_episodes()
         outs = []
         while len(self._assembler) >= self.trajs_per_batch:
             outs.append(self._deliver(self._assembler.emit(self.trajs_per_batch, self.traj_format)))

@@ -11,7 +11,7 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 from tensordict.utils import NestedKey
 
-from splice.collectors._base import CollectorBase
+from splice.collectors._base import CollectorBase, EpisodeSource
 from splice.collectors._settings import CollectorSettings
 from splice.collectors.ids import TrajectoryIds
 from splice.collectors.rollout import RolloutLoop
@@ -196,6 +196,7 @@ class Collector(CollectorBase):
                 track_episodes=progress or track_episodes,
                 info_keys=settings.info_keys,
                 exclude_keys=settings.exclude_keys,
+                whole_episodes=settings.trajs_per_batch is not None,
             )
             settings.check_non_tensor(
                 [(OBSERVATION, *leaf.key) for leaf in self.adapter.obs_leaves if not leaf.is_tensor]
@@ -221,6 +222,17 @@ class Collector(CollectorBase):
     def _collect_one(self, random_actions: bool) -> tuple[TensorDict, np.ndarray]:
         batch = self._loop.collect(random_actions=random_actions)
         return batch, self._loop.episodes.returns
+
+    def _new_assembler(self) -> EpisodeSource:
+        # Whole episodes stay in the loop's staging until emitted: no batch is copied out
+        # and into an assembler's pool (see splice.collectors._staged_episodes).
+        assert self._loop.episodes_store is not None
+        return self._loop.episodes_store
+
+    def _collect_episodes(self) -> None:
+        random_actions = self._before_collecting()
+        frames = self._loop.collect_episodes(random_actions=random_actions)
+        self._count_collected(frames, self._loop.episodes.returns)
 
     def _reset_envs(self) -> None:
         self._loop.reset_envs()

@@ -27,7 +27,8 @@ from tensordict.utils import NestedKey
 from splice.collectors._episodes import EpisodeStats, EpisodeTracker, TimeLimit
 from splice.collectors._policy_step import PolicyStep
 from splice.collectors._settings import positive_int
-from splice.collectors._staging import Staging
+from splice.collectors._staged_episodes import StagedEpisodes
+from splice.collectors._staging import BATCH_KEYS, FLAG_KEYS, Staging
 from splice.collectors.ids import TrajectoryIds
 from splice.envs import EnvAdapter
 from splice.envs.infos import InfoKeysLike
@@ -47,7 +48,6 @@ from splice.policies import as_policy
 __all__ = ["EpisodeStats", "RolloutLoop"]
 
 Key = tuple[str, ...]
-_FLAG_KEYS = (REWARD, (IS_INIT,), TERMINATED, TRUNCATED)  # stored with a trailing [1] dim
 
 
 class RolloutLoop:
@@ -71,6 +71,9 @@ class RolloutLoop:
         info_keys: the ``info`` entries to store (and show the policy), see
             :mod:`splice.envs.infos`.
         exclude_keys: observation keys to leave out of the data and the policy input.
+        whole_episodes: keep the collected steps in staging as episodes
+            (:class:`~splice.collectors._staged_episodes.StagedEpisodes`, for
+            ``trajs_per_batch``) instead of returning batches: use :meth:`collect_episodes`.
 
     Raises:
         ValueError: ``steps < 1``, a bad ``max_frames_per_traj``, or ``max_frames_per_traj``
@@ -107,6 +110,7 @@ class RolloutLoop:
         track_episodes: bool = False,
         info_keys: InfoKeysLike | None = None,
         exclude_keys: Sequence[NestedKey] | None = None,
+        whole_episodes: bool = False,
     ) -> None:
         positive_int("steps", steps)
         self._policy = as_policy(policy)
@@ -125,6 +129,11 @@ class RolloutLoop:
         self._tracker = EpisodeTracker(adapter.num_envs)
         self._seed = seed
         self.staging = Staging.for_env(adapter, steps)
+        #: With ``whole_episodes``: the episodes collected so far, kept in staging until
+        #: emitted (:meth:`collect_episodes`); else None.
+        self.episodes_store = (
+            StagedEpisodes(self.staging, ids, self.storing_device) if whole_episodes else None
+        )
         self._device = device
         #: Runs the policy; made at the first reset, once the info leaves are known.
         self.policy_step: PolicyStep | None = None
@@ -178,7 +187,14 @@ class RolloutLoop:
                 batched=adapter.batched,
                 device=self._device,
             )
-        self.staging.clear()
+        store = self.episodes_store
+        if store is not None and (len(store) or store.frames_buffered):
+            store.restart()  # its episodes stay in staging until they are emitted
+            self.staging.restart_rows()
+        else:
+            self.staging.clear()
+            if store is not None:
+                store.reset()
         self._init_now = self._all_init
         self._row_ids[:] = -1
         if self._limit is not None:
@@ -212,9 +228,46 @@ class RolloutLoop:
         Returns:
             A ``[B, T]`` TensorDict (``[T]`` for a single env) following the data contract.
 
+        Raises:
+            RuntimeError: the loop collects whole episodes (``whole_episodes=True``): use
+                :meth:`collect_episodes`.
+
         If the policy or the env raises, the exception propagates and the next call starts
         over: every env is reset and new episodes (new ids) begin.
         """
+        if self.episodes_store is not None:
+            raise RuntimeError("this loop collects whole episodes: call collect_episodes()")
+        self._collect_steps(random_actions)
+        try:
+            return self._finalize(random_batch=self.policy_step is not None and random_actions)
+        except BaseException:
+            self._started = False
+            raise
+
+    def collect_episodes(self, *, random_actions: bool = False) -> int:
+        """Collect one batch into :attr:`episodes_store` (``whole_episodes=True``): the same
+        steps :meth:`collect` would return, kept in staging as episodes.
+
+        Returns:
+            The frames collected (``B * T``).
+        """
+        store = self.episodes_store
+        if store is None:
+            raise RuntimeError("this loop returns batches: call collect()")
+        if store.drained:
+            self._started = False  # everything was handed out: start new episodes
+        self._collect_steps(random_actions)
+        try:
+            span = self.staging.span()
+            self.episodes = store.add_batch(span, stats=self.track_episodes)
+            self.staging.advance(span)
+        except BaseException:
+            self._started = False
+            raise
+        return self.adapter.num_envs * self.steps
+
+    def _collect_steps(self, random_actions: bool) -> None:
+        """Step until staging holds the next batch."""
         try:
             if not self._started:
                 self._start()
@@ -229,7 +282,6 @@ class RolloutLoop:
                     policy_step.check_next_action()
             with torch.no_grad():
                 self._run(use_random=policy_step is None or random_actions)
-            return self._finalize(random_batch=policy_step is not None and random_actions)
         except BaseException:
             # A policy or env error mid-batch leaves staging half written: start over (fresh
             # episodes, new ids) if the caller collects again.
@@ -237,26 +289,29 @@ class RolloutLoop:
             raise
 
     def _run(self, use_random: bool) -> None:
-        """Step until every env row holds ``T`` valid steps (growing staging if needed)."""
+        """Step until every env row holds ``T`` valid steps (making room in staging as
+        needed: see :meth:`Staging.make_room`)."""
         staging = self.staging
-        first = staging.used
-        target = self.steps + int(staging.holes.max())
-        c = first
-        while c < target:
-            if c == staging.capacity:
-                staging.used = c
-                staging.grow()
+        while True:
+            target = staging.target()
+            c = staging.used
+            if c >= target:
+                return
+            if target > staging.capacity:
+                self.adapter.detach_obs()  # it may view a staging column that is about to move
+                staging.make_room(target - c)
+                if use_random and self.policy_step is not None and self.policy_step.discovered:
+                    staging.zero_from(self._policy_keys(), staging.used)
+                continue
             if self._bound_version != staging.version:
                 self.adapter.bind(staging.step_targets())
                 self._bound_version = staging.version
-            c = self._run_columns(c, min(target, staging.capacity), use_random)
-            if c == target and self.adapter.dead_steps:
-                # Top up: rows that lost steps need more columns. Counted here, once the
-                # planned columns are done, rather than at every step.
-                target = self.steps + int((staging.holes + staging.count_dead(first, c)).max())
-        if self.adapter.dead_steps:
-            staging.holes = staging.holes + staging.count_dead(first, c)
-        staging.used = c
+            stop = self._run_columns(c, target, use_random)
+            staging.used = stop
+            if self.adapter.dead_steps:
+                # Rows that lost steps need more columns (top up). Counted once the planned
+                # columns are done, rather than at every step.
+                staging.pending_dead += staging.count_dead(c, stop)
 
     def _run_columns(self, c: int, stop: int, use_random: bool) -> int:
         """The hot loop: steps columns ``[c, stop)``. Writes go into preallocated staging only
@@ -317,24 +372,23 @@ class RolloutLoop:
 
     # ----------------------------------------------------------------- finalize
     def _finalize(self, *, random_batch: bool) -> TensorDict:
-        self.adapter.detach_obs()  # it may view a staging column that is about to move
-        out = self.staging.take()
+        out = self.staging.take(extra=BATCH_KEYS)
         is_init, terminated, truncated = out[(IS_INIT,)], out[TERMINATED], out[TRUNCATED]
-        done = terminated | truncated
-        traj_ids = self.ids.label(is_init, self._row_ids)
+        done = np.bitwise_or(terminated, truncated, out=out[DONE])
+        traj_ids = self.ids.label(is_init, self._row_ids, out=out[TRAJ_IDS])
         self._row_ids = traj_ids[:, -1].copy()
-        cut = np.zeros(done.shape, np.bool_)
-        cut[:, -1] = ~done[:, -1]  # the episode goes on in the next batch, same id
+        cut = out[CUT]
+        cut[:, :-1] = False
+        np.logical_not(done[:, -1], out=cut[:, -1])  # the episode goes on, same id
         if self.set_truncated:
             truncated[:, -1] |= cut[:, -1]
-            done = done | cut
+            done |= cut
         if self.track_episodes:
             self.episodes = self._tracker.update(out[REWARD], is_init, done & ~cut)
         if random_batch:
             for key in self._policy_keys():
                 out[key][...] = 0
-        out.update({DONE: done, TRAJ_IDS: traj_ids, CUT: cut})
-        batch = self.staging.to_tensordict(out, flags=(*_FLAG_KEYS, DONE))
+        batch = self.staging.to_tensordict(out, flags=FLAG_KEYS)
         if self.storing_device is not None and self.storing_device.type != "cpu":
             batch = batch.to(self.storing_device)
         return batch

@@ -16,12 +16,12 @@ from splice.layout import (
     CUT,
     DONE,
     MASK,
-    TRAJ_FORMATS,
     TRAJ_IDS,
     Key,
     LayoutError,
     TrajFormat,
     as_key_tuple,
+    check_traj_format,
     fmt_key,
 )
 from splice.trajectories._id_set import IdSet
@@ -361,14 +361,8 @@ class TrajectoryAssembler:
             ValueError: ``n`` larger than the number of complete episodes, or an unknown
                 ``traj_format``. Nothing is removed in that case.
         """
-        _check_format(traj_format)
-        available = len(self)
-        n = available if n is None else n
-        if not 0 <= n <= available:
-            raise ValueError(
-                f"emit(n={n}): {available} complete episode(s) are buffered; ask for at most "
-                f"{available} or ingest more batches"
-            )
+        check_traj_format(traj_format)
+        n = emit_count(n, len(self))
         chosen, self._complete = self._complete[:n], self._complete[n:]
         row_of_step = _rank_in(self._ids[: self._size], chosen)
         return self._remove(row_of_step, n, traj_format, cut_from=n)
@@ -380,7 +374,7 @@ class TrajectoryAssembler:
         its last step has ``("collector", "cut") = True`` and no done flag from the
         environment. Complete episodes stay buffered for :meth:`emit`.
         """
-        _check_format(traj_format)
+        check_traj_format(traj_format)
         row_of_step, n_rows = self._in_flight_rows(first_row=0)
         if n_rows == 0:
             return None
@@ -407,7 +401,7 @@ class TrajectoryAssembler:
             >>> asm.drain().batch is None  # nothing left
             True
         """
-        _check_format(traj_format)
+        check_traj_format(traj_format)
         n_complete = len(self)
         row_of_step = _rank_in(self._ids[: self._size], self._complete)
         flight_rows, n_flight = self._in_flight_rows(first_row=n_complete)
@@ -520,6 +514,24 @@ def _preview(ids: np.ndarray, limit: int = 5) -> str:
     return f"[{shown}]" if ids.size <= limit else f"[{shown}, ...] ({ids.size} ids)"
 
 
-def _check_format(traj_format: str) -> None:
-    if traj_format not in TRAJ_FORMATS:
-        raise ValueError(f"traj_format must be one of {TRAJ_FORMATS}, got {traj_format!r}")
+def emit_count(n: int | None, available: int) -> int:
+    """How many episodes ``emit(n)`` removes when ``available`` are complete (``None``: all).
+
+    Raises:
+        ValueError: ``n`` outside ``[0, available]``, naming both.
+
+    Examples:
+        >>> emit_count(None, 3), emit_count(2, 3)
+        (3, 2)
+        >>> emit_count(4, 3)
+        Traceback (most recent call last):
+        ...
+        ValueError: emit(n=4): 3 complete episode(s) are buffered; ask for at most 3, ...
+    """
+    n = available if n is None else n
+    if not 0 <= n <= available:
+        raise ValueError(
+            f"emit(n={n}): {available} complete episode(s) are buffered; ask for at most "
+            f"{available}, or add more batches"
+        )
+    return n

@@ -1,0 +1,119 @@
+"""Staging: batches copied out of it live in recycled memory blocks (a block is written again
+only once nothing refers to any piece of the batch it held); the work per batch does not grow
+with the number of envs."""
+
+from __future__ import annotations
+
+import gc
+import sys
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+from gymnasium import spaces
+from gymnasium.vector import AutoresetMode
+from gymnasium.vector.utils import batch_space
+
+from splice import Collector
+from splice.testing import counting_vec, threshold_policy
+
+
+def test_a_kept_piece_of_a_batch_is_never_overwritten():
+    kwargs = {"frames_per_batch": 12, "total_frames": 12 * 8, "worker_id": 94}
+    with Collector(counting_vec([3, 5]), threshold_policy, **kwargs) as c:
+        reference = [b.clone() for b in c]
+    with Collector(counting_vec([3, 5]), threshold_policy, **kwargs) as c:
+        kept = []
+        for k, batch in enumerate(c):
+            # one tensor of each batch (an unsqueezed view, a nested key, a numpy view...);
+            # the rest of the batch is dropped at once
+            pieces = [
+                batch["next", "reward"],
+                batch["observation"][0],
+                batch["collector", "traj_ids"].numpy(),
+            ]
+            kept.append(pieces[k % 3])
+            del batch, pieces
+            gc.collect()
+    for k, (piece, ref) in enumerate(zip(kept, reference, strict=True)):
+        want = [ref["next", "reward"], ref["observation"][0], ref["collector", "traj_ids"]][k % 3]
+        assert torch.equal(torch.as_tensor(piece), want)
+
+
+def test_a_dropped_batch_frees_its_block_for_the_next():
+    with Collector(counting_vec([3, 5]), threshold_policy, frames_per_batch=12) as c:
+        it = iter(c)
+        first = next(it)
+        address = first["observation"].data_ptr()
+        kept_address = next(it)["observation"].data_ptr()  # first is held: a new block
+        assert kept_address != address
+        del first
+        # the second batch was dropped at once too, so one of the two blocks is free again
+        assert next(it)["observation"].data_ptr() in (address, kept_address)
+
+
+class _NumpyVectorEnv(gym.vector.VectorEnv):
+    """A vector entry point in pure numpy (no Python per env): every env ends its episode
+    every ``length`` steps, all at once; NEXT_STEP autoreset."""
+
+    metadata = {"autoreset_mode": AutoresetMode.NEXT_STEP}  # noqa: RUF012
+
+    def __init__(self, num_envs: int, length: int = 7) -> None:
+        self.num_envs, self.length, self.t = num_envs, length, 0
+        self.single_observation_space = spaces.Box(-1, 1, (3,), np.float32)
+        self.single_action_space = spaces.Discrete(2)
+        self.observation_space = batch_space(self.single_observation_space, num_envs)
+        self.action_space = batch_space(self.single_action_space, num_envs)
+
+    def reset(self, *, seed=None, options=None):
+        self.t = 0
+        return np.zeros((self.num_envs, 3), np.float32), {}
+
+    def step(self, actions):
+        if self.t == self.length:  # the dead reset step
+            return (
+                self.reset()[0],
+                np.zeros(self.num_envs),
+                *([np.zeros(self.num_envs, bool)] * 2),
+                {},
+            )
+        self.t += 1
+        obs = np.full((self.num_envs, 3), self.t, np.float32)
+        ended = np.full(self.num_envs, self.t == self.length)
+        return obs, np.ones(self.num_envs), ended, np.zeros(self.num_envs, bool), {}
+
+
+def _python_calls_per_batch(num_envs: int, whole_episodes: bool) -> list[int]:
+    """Python lines run (and calls, returns) by each of 6 ``next()`` (after 2)."""
+    counts = []
+    # as many episodes per output as envs: each output takes the same number of batches
+    kwargs = {"trajs_per_batch": num_envs, "traj_format": "cat"} if whole_episodes else {}
+    with Collector(_NumpyVectorEnv(num_envs), frames_per_batch=num_envs * 10, **kwargs) as c:
+        it = iter(c)
+        for _ in range(2):
+            next(it)
+        for _ in range(6):
+            n = [0]
+
+            def count(frame, event, arg, n=n):
+                n[0] += 1  # every Python line run, call and return
+                return count
+
+            sys.settrace(count)
+            try:
+                next(it)
+            finally:
+                sys.settrace(None)
+            counts.append(n[0])
+    return counts
+
+
+@pytest.mark.parametrize("whole_episodes", [False, True])
+def test_python_work_per_batch_does_not_grow_with_the_number_of_envs(whole_episodes):
+    """The hot loop and the per-batch work are whole-array operations: 4 envs and 512 envs
+    run exactly the same Python lines per output (random actions; a loop over envs, or over
+    the episodes that end, would show)."""
+    few = _python_calls_per_batch(4, whole_episodes)
+    assert max(few) > 100  # batches were collected (a next() may only yield a pending output)
+    assert few == _python_calls_per_batch(512, whole_episodes)
