@@ -114,7 +114,9 @@ class SharedNext:
         resize: how to grow the pool (:func:`resize_in_memory`, or a file-backed one).
     """
 
-    GROWTH = 1.25  # pool growth factor: a pool is at most 25% larger than it ever needed
+    #: Pool growth factor: a pool is at most 25% larger than it ever needed (and never has
+    #: more rows than the storage).
+    GROWTH = 1.25
 
     def __init__(
         self, obs_key: Key, next_key: Key, slots: np.ndarray, pool: Tensor, resize: Resize
@@ -141,7 +143,9 @@ class SharedNext:
     def _alloc(self, k: int) -> np.ndarray:
         if k > self._n_free:
             size = self.pool.shape[0]
-            grown = max(size + k - self._n_free, math.ceil(size * self.GROWTH), 16)
+            need = size + k - self._n_free
+            # Live rows hold at most one slot each: a pool never needs more than capacity.
+            grown = max(need, min(max(math.ceil(size * self.GROWTH), 16), self.capacity))
             self.pool = self._resize(self.pool, grown)
             fresh = np.arange(grown - 1, size - 1, -1, dtype=I64)
             free = np.empty(grown, dtype=I64)
