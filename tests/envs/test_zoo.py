@@ -9,6 +9,8 @@ skipped with a reason only when not installed.
 
 from __future__ import annotations
 
+import math
+
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -27,6 +29,7 @@ from splice._non_tensor import non_tensor_values
 from splice.envs.spaces import flattener, observation_leaves
 from splice.layout import all_leaves
 from splice.replay import LazyTensorStorage
+from splice.replay.storage import DEDUP_MIN_BYTES
 from splice.testing import ENV_ZOO, EnvFamily
 
 #: Every episode is cut at this many steps (gymnasium's TimeLimit), so that short runs hold
@@ -146,6 +149,7 @@ def pipeline(family: EnvFamily, exclude: bool) -> None:
             want = non_tensor_values(batch.get(key))
             got = non_tensor_values(split.get(key))[split["collector", "mask"].numpy()]
             assert sorted(got.tolist()) == sorted(want.reshape(-1).tolist()), key
+    check_stored_once(rb, batches)
     episodes = assembler.emit(len(assembler))
     assert len(assembler) == 0 and episodes.shape[0] >= 1
     mask = episodes["collector", "mask"]
@@ -159,6 +163,24 @@ def pipeline(family: EnvFamily, exclude: bool) -> None:
             non_tensor_values(sample.get(key)).tolist()
             == non_tensor_values(rb[sample["index"]].get(key)).tolist()
         )
+
+
+def check_stored_once(rb: ReplayBuffer, batches: list[TensorDictBase]) -> None:
+    """Image observations (Atari's frame stacks, MiniGrid's image) are stored once: a next
+    value is kept only at episode ends and at the last step of each env row of a batch (the
+    reads above are exact either way)."""
+    entries = rb.storage.schema.entries
+    big = [
+        key
+        for key, (dtype, shape) in entries.items()
+        if key[0] == "next"
+        and entries.get(key[1:]) == (dtype, shape)
+        and math.prod(shape) * dtype.itemsize >= DEDUP_MIN_BYTES
+    ]
+    assert sorted(rb.storage.shared) == sorted(big)
+    ends = sum(int(b["next", "done"].sum()) + b.shape[0] for b in batches)
+    for key in big:
+        assert rb.storage.shared[key].pool_rows_used <= ends, key
 
 
 @pytest.mark.parametrize("family", ENV_ZOO, ids=IDS)

@@ -5,6 +5,7 @@ only the values that are not the next row's ``obs`` take memory."""
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -66,8 +67,10 @@ class Episodes:
     observation of its own (or, with ``final_is_reset``, the bytes of the next episode's first
     observation: equal bytes across a boundary, which the byte rule shares)."""
 
-    def __init__(self, n_env: int, mean_len: float, seed: int, final_is_reset: bool) -> None:
-        self.stream = SyntheticStream(n_env, mean_len, seed=seed, labels=True)
+    def __init__(
+        self, n_env: int, mean_len: float, seed: int, final_is_reset: bool, first_id: int = 0
+    ) -> None:
+        self.stream = SyntheticStream(n_env, mean_len, seed=seed, labels=True, first_id=first_id)
         self.final_is_reset = final_is_reset
 
     def chunk(self, steps: int) -> TensorDictBase:
@@ -186,6 +189,56 @@ def test_in_place_writes_keep_the_neighbours(
     ref.extend(batch)
     live = torch.from_numpy(rb.index.live_rows())
     assert_same(rb[live], ref[live])
+
+
+def expected_next(stored: TensorDictBase) -> torch.Tensor:
+    """``("next", pixels)`` as :class:`Episodes` (``final_is_reset=False``) made it, from the
+    stored labels."""
+    ep, t, done = stored["ep"], stored["t"], stored["next", "done"][..., 0]
+    final = pixels(ep, t + 1, torch.ones_like(done))
+    return torch.where(
+        done[..., None, None, None], final, pixels(ep, t + 1, torch.zeros_like(done))
+    )
+
+
+@pytest.mark.parametrize("storage", ["memory", "memmap"])
+def test_several_writers(storage: str, tmp_path: Path) -> None:
+    """Threads extending one buffer side by side (as a collector's workers feed one buffer):
+    whatever the interleaving, every row reads back the next value its writer gave it."""
+    capacity = 300
+    rb = ReplayBuffer(
+        storage=LazyTensorStorage(capacity)
+        if storage == "memory"
+        else LazyMemmapStorage(capacity, scratch_dir=tmp_path / "mm"),
+        sampler=SliceSampler(slice_len=3, strict_length=False, seed=0),
+        batch_size=30,
+    )
+    errors: list[BaseException] = []
+
+    def write(k: int) -> None:
+        try:
+            episodes = Episodes(2, 5.0, seed=k, final_is_reset=False, first_id=k * 10**6)
+            for _ in range(40):
+                rb.extend(episodes.chunk(7))  # 560 steps per writer: wrapped many times
+                rb.sample()
+        except BaseException as e:  # reported below, in the test's thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=write, args=(k,)) for k in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert not errors, errors
+    live = torch.from_numpy(rb.index.live_rows())
+    stored = rb[live]
+    assert len(set((stored["ep"] // 10**6).tolist())) == 3  # the writers' rows interleave
+    assert torch.equal(stored["next", "pixels"], expected_next(stored))
+    assert torch.equal(
+        stored["pixels"], pixels(stored["ep"], stored["t"], torch.zeros_like(stored["t"]))
+    )
+    sample = rb.sample()  # (its done flags mark slice ends: read the stored ones)
+    assert torch.equal(sample["next", "pixels"], expected_next(rb[sample["index"]]))
 
 
 def fill(rb: ReplayBuffer, seed: int, chunks: int = 7) -> None:
