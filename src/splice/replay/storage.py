@@ -203,7 +203,7 @@ class Storage:
             for key, (dtype, shape) in entries.items():
                 if key[0] != NEXT or len(key) < 2 or entries.get(key[1:]) != (dtype, shape):
                     continue
-                size = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+                size = math.prod(shape) * dtype.itemsize
                 if size >= DEDUP_MIN_BYTES:
                     pairs.append((key[1:], key))
             return pairs
@@ -254,7 +254,8 @@ class Storage:
         """Raise, before anything is written, if this storage cannot hold the batch (a
         ``dedup_next`` key without its pair; memory-mapped storages: objects that are not
         text)."""
-        self.shared_pairs(schema)
+        if schema is not self.schema:  # the storage's own schema was checked when allocated
+            self.shared_pairs(schema)
 
     @property
     def nbytes(self) -> int:
@@ -523,7 +524,7 @@ class LazyMemmapStorage(Storage):
         if create:
             slots.fill(NO_VALUE)
         name = f"col_{index:03d}.pool.bin"
-        row_bytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+        row_bytes = math.prod(shape) * dtype.itemsize
         path = self.scratch_dir / name
         rows = path.stat().st_size // row_bytes if path.exists() and row_bytes else 0
         pool = self._map(name, dtype, (rows, *shape), create=rows == 0)
