@@ -211,7 +211,7 @@ def all_leaves(td: TensorDictBase) -> Iterator[tuple[tuple[str, ...], Any]]:
         >>> import torch
         >>> from tensordict import TensorDict
         >>> td = TensorDict({"x": torch.zeros(2)}, [2])
-        >>> td.set_non_tensor(("observation", "mission"), "go")
+        >>> _ = td.set_non_tensor(("observation", "mission"), "go")
         >>> [(key, type(value).__name__) for key, value in all_leaves(td)]
         [(('x',), 'Tensor'), (('observation', 'mission'), 'NonTensorData')]
     """

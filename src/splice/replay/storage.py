@@ -392,7 +392,7 @@ class LazyTensorStorage(Storage):
 
         >>> pixels = torch.randint(0, 255, (9, 84, 84), dtype=torch.uint8)
         >>> steps = TensorDict(
-        ...     {"pixels": pixels[:8], ("next", "pixels"): pixels[1:]}, batch_size=[8]
+        ...     {"pixels": pixels[:8], ("next", "pixels"): pixels[1:].clone()}, batch_size=[8]
         ... )
         >>> steps["next", "pixels"][3] = 0  # an episode ends at step 3: a final observation
         >>> rb = ReplayBuffer(storage=LazyTensorStorage(100))
