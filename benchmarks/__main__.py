@@ -10,6 +10,7 @@ import sys
 
 from benchmarks import (
     bench_collector,
+    bench_dedup,
     bench_envs,
     bench_parallel,
     bench_replay,
@@ -21,6 +22,7 @@ for name, module in [
     ("trajectories", bench_trajectories),
     ("collector", bench_collector),
     ("replay", bench_replay),
+    ("dedup", bench_dedup),
     ("targets", bench_targets),
     ("envs", bench_envs),
     ("parallel", bench_parallel),

@@ -87,3 +87,11 @@ def test_bench_parallel_quick() -> None:
     assert any(line.startswith("| MultiSyncCollector ") and "x" in line for line in lines)
     assert sum(line.startswith("| 1 env / worker") for line in lines) == 2
     assert any(line.startswith("end: load average") for line in lines)
+
+
+def test_bench_dedup_quick() -> None:
+    lines = run_quick("bench_dedup", timeout=300)
+    for row in ("| splice, stored once", "| splice, both stored", "| TorchRL LazyTensorStorage"):
+        assert any(line.startswith(row) for line in lines), row
+    assert any(line.startswith("| atari [4, 84, 84] uint8") for line in lines)
+    assert any(line.startswith("| minigrid [7, 7, 3] uint8") for line in lines)

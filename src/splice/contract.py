@@ -7,7 +7,11 @@ Every layer that reads batches of steps — :func:`~splice.split_trajectories` a
 errors for the same faults:
 
 * the batch is a :class:`~tensordict.TensorDictBase` (anything else: ``TypeError``) with at
-  least one batch dim, and only tensor leaves;
+  least one batch dim;
+* its leaves are tensors (``[*batch, *per-step shape]``) or tensordict *non-tensor entries*
+  (``NonTensorData``/``NonTensorStack`` of the batch shape: one Python object per step, e.g. a
+  text observation), read as numpy object arrays (:attr:`Steps.objects`); the ids, the mask
+  and the contract's flags must be tensors;
 * it is flattened **env-major**: ``[..., B, T] -> [N]``, each env row's ``T`` steps
   consecutive and in time order;
 * trajectory ids (at the caller's key): any integer dtype, shape equal to the batch shape,
@@ -48,22 +52,25 @@ Examples:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
+import numpy as np
 import torch
 from tensordict import TensorDictBase
 from tensordict.utils import NestedKey
 from torch import Tensor
 
 from splice._gather import take_rows
+from splice._non_tensor import non_tensor_values
 from splice.layout import (
+    CONTRACT,
     Key,
     LayoutError,
+    all_leaves,
     as_key_tuple,
     check_trajectory_ids,
     fmt_key,
     is_integer_dtype,
-    tensor_leaves,
 )
 
 __all__ = ["Steps", "flatten_steps", "read_ids"]
@@ -81,6 +88,8 @@ class Steps:
         mask: ``[N]`` bool, the input's mask (None: the batch has no mask).
         real: ``[N]`` bool, True on real steps (mask True and id ``>= 0``); None when every
             step is real.
+        objects: every non-tensor entry, as a ``[N]`` numpy object array (one Python object
+            per step).
     """
 
     columns: dict[Key, Tensor]
@@ -89,6 +98,7 @@ class Steps:
     ids: Tensor | None = None
     mask: Tensor | None = None
     real: Tensor | None = None
+    objects: dict[Key, np.ndarray] = field(default_factory=dict)
 
     @property
     def n(self) -> int:
@@ -132,6 +142,10 @@ class Steps:
 
     def take(self, rows: Tensor) -> Steps:
         """The steps at flat positions ``rows`` (int64), as a flat batch."""
+        objects = {}
+        if self.objects:
+            picks = rows.cpu().numpy()
+            objects = {k: np.take(v, picks) for k, v in self.objects.items()}
         return Steps(
             columns={k: take_rows(v, rows) for k, v in self.columns.items()},
             batch_shape=torch.Size([rows.numel()]),
@@ -139,6 +153,7 @@ class Steps:
             ids=None if self.ids is None else self.ids[rows],
             mask=None if self.mask is None else self.mask[rows],
             real=None,
+            objects=objects,
         )
 
     def without_padding(self) -> Steps:
@@ -196,11 +211,13 @@ def flatten_steps(
         context: what the batch is for, in error messages.
 
     Returns:
-        The flat columns (the mask excluded), the int64 ids and which steps are real.
+        The flat columns (the mask excluded), the flat non-tensor entries, the int64 ids and
+        which steps are real.
 
     Raises:
         TypeError: ``td`` is not a TensorDict.
-        LayoutError: no batch dim, a non-tensor leaf, ids or mask of the wrong dtype or shape.
+        LayoutError: no batch dim, ids or mask of the wrong dtype or shape, a non-tensor entry
+            that is not one object per step, or at the ids, mask or a contract flag.
     """
     if not isinstance(td, TensorDictBase):
         raise TypeError(f"{context} must be a TensorDict, got {type(td).__name__}")
@@ -214,8 +231,12 @@ def flatten_steps(
     mkey = None if mask_key is None else as_key_tuple(mask_key)
     ikey = None if ids_key is None else as_key_tuple(ids_key)
     columns: dict[Key, Tensor] = {}
+    objects: dict[Key, np.ndarray] = {}
     mask: Tensor | None = None
-    for key, value in tensor_leaves(td, context=context):
+    for key, value in all_leaves(td):
+        if not isinstance(value, Tensor):
+            objects[key] = _object_column(key, value, batch, n, (ikey, mkey), context)
+            continue
         if key == mkey:
             if value.dtype != torch.bool or value.shape != batch:
                 raise LayoutError(
@@ -235,4 +256,31 @@ def flatten_steps(
         real = mask if real is None else real & mask
     if real is not None and bool(real.all()):
         real = None
-    return Steps(columns, batch, ikey, ids, mask, real)
+    return Steps(columns, batch, ikey, ids, mask, real, objects)
+
+
+def _object_column(
+    key: Key,
+    entry: object,
+    batch: torch.Size,
+    n: int,
+    tensor_keys: tuple[Key | None, ...],
+    context: str,
+) -> np.ndarray:
+    """A non-tensor entry as a flat ``[N]`` object array, checked (see :func:`flatten_steps`)."""
+    if key in tensor_keys or key in _CONTRACT_KEYS:
+        raise LayoutError(
+            f"key {fmt_key(key)} holds {type(entry).__name__}, not a tensor: in {context} the "
+            "trajectory ids, the mask and the step flags must be tensors"
+        )
+    shape = getattr(entry, "batch_size", None)
+    if shape != batch:
+        raise LayoutError(
+            f"key {fmt_key(key)}: a non-tensor entry must hold one object per step (batch "
+            f"shape {list(batch)}), got {type(entry).__name__} of batch shape "
+            f"{None if shape is None else list(shape)}"
+        )
+    return non_tensor_values(entry).reshape(n)
+
+
+_CONTRACT_KEYS = frozenset(as_key_tuple(k) for k in CONTRACT)

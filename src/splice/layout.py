@@ -28,10 +28,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import torch
-from tensordict import TensorDictBase, is_non_tensor
+from tensordict import NonTensorStack, TensorDictBase
 from tensordict.utils import NestedKey
 from torch import Tensor
 
@@ -54,6 +54,7 @@ __all__ = [
     "KeySpec",
     "LayoutError",
     "TrajFormat",
+    "all_leaves",
     "as_key_tuple",
     "check_traj_format",
     "check_trajectory_ids",
@@ -220,6 +221,23 @@ def as_key_tuple(key: NestedKey) -> tuple[str, ...]:
     return tuple(out)
 
 
+def all_leaves(td: TensorDictBase) -> Iterator[tuple[tuple[str, ...], Any]]:
+    """Every leaf of ``td`` with its key as a flat tuple: tensors, and non-tensor entries
+    (tensordict's ``NonTensorData``/``NonTensorStack``, which tensordict's own leaf listing
+    skips).
+
+    Examples:
+        >>> import torch
+        >>> from tensordict import TensorDict
+        >>> td = TensorDict({"x": torch.zeros(2)}, [2])
+        >>> _ = td.set_non_tensor(("observation", "mission"), "go")
+        >>> [(key, type(value).__name__) for key, value in all_leaves(td)]
+        [(('x',), 'Tensor'), (('observation', 'mission'), 'NonTensorData')]
+    """
+    for key, value in td.items(include_nested=True, leaves_only=True, is_leaf=_is_leaf):
+        yield as_key_tuple(key), value
+
+
 def tensor_leaves(
     td: TensorDictBase, *, context: str = "a batch", error: type[ValueError] = LayoutError
 ) -> Iterator[tuple[tuple[str, ...], Tensor]]:
@@ -232,19 +250,20 @@ def tensor_leaves(
         >>> [key for key, _ in tensor_leaves(td)]
         [('next', 'done')]
     """
-    for key, value in td.items(include_nested=True, leaves_only=True, is_leaf=_is_leaf):
+    for key, value in all_leaves(td):
         if not isinstance(value, Tensor):
             raise error(
                 f"key {fmt_key(key)} holds {type(value).__name__}, not a tensor: {context} holds "
                 "tensor entries only"
             )
-        yield as_key_tuple(key), value
+        yield key, value
 
 
 def _is_leaf(cls: type) -> bool:
-    # tensordict skips non-tensor entries when it lists leaves; count them, so they are refused
-    # instead of silently dropped.
-    return not issubclass(cls, TensorDictBase) or is_non_tensor(cls)
+    # tensordict skips non-tensor entries when it lists leaves; count them, so they are
+    # carried or refused instead of silently dropped. (tensordict's is_non_tensor takes an
+    # instance: given the NonTensorStack class it says False, which skipped stacks.)
+    return not issubclass(cls, TensorDictBase) or issubclass(cls, NonTensorStack)
 
 
 def fmt_key(key: NestedKey) -> str:

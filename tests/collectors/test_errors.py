@@ -199,16 +199,7 @@ def test_unknown_autoreset_mode():
 
 
 def test_unsupported_spaces():
-    class TextEnv(CountingEnv):
-        def __init__(self):
-            super().__init__()
-            self.observation_space = spaces.Text(5)
-
-    # Text is carried (tests/envs/test_non_tensor.py), but not through split/assembly yet.
-    for option in ({"split_trajs": True}, {"trajs_per_batch": 2}):
-        with pytest.raises(ValueError, match=r"exclude_keys=\[\('observation',\)\]"):
-            Collector(TextEnv(), frames_per_batch=4, **option)
-
+    # Text is carried everywhere (tests/envs/test_non_tensor.py).
     class DictActionEnv(CountingEnv):
         def __init__(self):
             super().__init__()

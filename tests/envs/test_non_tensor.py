@@ -117,11 +117,31 @@ def test_exclude_keys_drops_text() -> None:
         Collector(TextEnv(), frames_per_batch=6, exclude_keys=["observation"])
 
 
-def test_split_trajs_with_text_says_what_to_do() -> None:
-    with pytest.raises(
-        ValueError, match=r"split_trajs cannot carry.*exclude_keys=\[\('observation', 'text'\)\]"
-    ):
-        Collector(TextEnv(), frames_per_batch=6, split_trajs=True)
+def check_text_rows(rows: TensorDictBase) -> None:
+    """Every real step of ``[n, max_len]`` episodes carries its own text (episode numbers
+    from the text itself: an episode's steps share one), padding repeats the last one."""
+    text = non_tensor_values(rows.get(("observation", "text")))
+    counts, mask = rows["observation", "counts"], rows["collector", "mask"]
+    for i in range(rows.shape[0]):
+        n = int(mask[i].sum())
+        episode = int(text[i, 0].split()[0][1:])
+        want = expected_text(counts[i, :n], torch.full((n,), episode))
+        assert text[i, :n].tolist() == want
+        assert text[i, n:].tolist() == [want[-1]] * (rows.shape[1] - n)
+
+
+def test_split_trajs_and_trajs_per_batch_carry_text() -> None:
+    def env() -> SyncVectorEnv:
+        return SyncVectorEnv([lambda i=i: TextEnv(length=2 + i, tag=i) for i in range(3)])
+
+    with Collector(env(), frames_per_batch=30, total_frames=60, split_trajs=True) as c:
+        for rows in c:
+            check_text_rows(rows)
+    with Collector(env(), frames_per_batch=30, total_frames=60, trajs_per_batch=4) as c:
+        episodes = list(c)
+    assert episodes
+    for rows in episodes:
+        check_text_rows(rows)
 
 
 def test_minigrid_raw_collects() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import signal
@@ -14,7 +15,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from tensordict import TensorDict
 
+from splice._non_tensor import to_non_tensor
 from splice.replay import (
     LazyMemmapStorage,
     LazyTensorStorage,
@@ -108,12 +111,36 @@ def test_memmap_reopens_where_it_was(tmp_path: Path) -> None:
         LazyMemmapStorage(50, scratch_dir=path)
 
 
+def pixels(ep: torch.Tensor, t: torch.Tensor, final: bool) -> torch.Tensor:
+    """64 bytes naming the episode and step (and whether it is an episode's final one)."""
+    out = torch.zeros(*ep.shape, 64, dtype=torch.uint8)
+    out[..., 0], out[..., 1] = (ep % 256).to(torch.uint8), (ep // 256 % 256).to(torch.uint8)
+    out[..., 2], out[..., 3] = (t % 256).to(torch.uint8), int(final)
+    return out
+
+
+def with_pixels_and_text(batch: TensorDict) -> TensorDict:
+    """The memory-mapped layouts of issue 13 too: ``("next", "pixels")`` stored once (it is
+    the next step's ``pixels`` within an episode) and a text column (the step's ``g``)."""
+    ep, t, done = batch["ep"], batch["t"], batch["next", "done"]
+    batch["pixels"] = pixels(ep, t, False)
+    batch["next", "pixels"] = torch.where(done, pixels(ep, t + 1, True), pixels(ep, t + 1, False))
+    text = np.vectorize(str, otypes=[object])(batch["g"].numpy())
+    batch.set("text", to_non_tensor(text))
+    return batch
+
+
 WRITER = textwrap.dedent(
     """
     import sys
+    import numpy as np
+    import torch
+    from tensordict import TensorDict
+    from splice._non_tensor import to_non_tensor
     from splice.replay import LazyMemmapStorage, ReplayBuffer, SliceSampler
     from splice.testing import SyntheticStream
 
+    WRITE_HELPERS
     path = sys.argv[1]
     rb = ReplayBuffer(
         storage=LazyMemmapStorage(1000, scratch_dir=path),
@@ -122,10 +149,12 @@ WRITER = textwrap.dedent(
     )
     stream = SyntheticStream(4, 20.0, seed=0, labels=True)
     while True:
-        rb.extend(stream.chunk(150))  # 600 steps: most of the time is spent inside extend
+        # 600 steps: most of the time is spent inside extend
+        rb.extend(with_pixels_and_text(stream.chunk(150)))
         print("DONE", rb.write_count, flush=True)
     """
-)
+).replace("WRITE_HELPERS", inspect.getsource(pixels) + inspect.getsource(with_pixels_and_text))
+
 STEPS_PER_EXTEND = 600
 KILLS = 4
 
@@ -186,11 +215,17 @@ def test_writer_killed_at_random_moments_reopens_at_an_extend_boundary(tmp_path:
         rows = torch.from_numpy(rb.index.live_rows())
         g = rb.storage.gather(rows)[("g",)]
         assert g.tolist() == list(range(last - len(rb), last))
+        stored = rb[rows]
+        want = with_pixels_and_text(stored.exclude("pixels", ("next", "pixels"), "text"))
+        for key in ("pixels", ("next", "pixels")):  # stored once, rebuilt exactly
+            assert torch.equal(stored[key], want[key]), key
+        assert stored.get("text").tolist() == want.get("text").tolist()
+        assert list(rb.storage.shared) == [("next", "pixels")]
         assert len(rb) >= min(1000, last) - STEPS_PER_EXTEND
         assert_slices_contiguous(rb.sample(), live=set(g.tolist()))
         # ... and the buffer keeps working.
         stream = SyntheticStream(4, 20.0, seed=99, labels=True, first_id=10**9, first_step=last)
-        rb.extend(stream.chunk(30))
+        rb.extend(with_pixels_and_text(stream.chunk(30)))
         assert rb.write_count == last + 120 and len(rb) == min(1000, len(rb))
 
 

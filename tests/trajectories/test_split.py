@@ -243,10 +243,17 @@ def test_cut_flag_survives_the_split() -> None:
     assert int(last_cut.sum()) == int(batch[CUT].sum()) == 2
 
 
-def test_non_tensor_entries_are_refused_by_name() -> None:
+def test_non_tensor_entries_are_carried_padded_and_refused_nested() -> None:
     td = TensorDict({TRAJ_IDS: torch.tensor([0, 0, 1])}, [3])
     td.set_non_tensor("note", "hello")
-    with pytest.raises(LayoutError, match=r"key 'note' holds .*not a tensor"):
+    out = split_trajectories(td)
+    assert out.get("note").tolist() == [["hello", "hello"], ["hello", "hello"]]
+    assert cat_trajectories(out).get("note").tolist() == ["hello"] * 3
+    for nested in (True, torch.jagged):
+        with pytest.raises(ValueError, match=r"non-tensor entries \['note'\].*as_nested=False"):
+            split_trajectories(td, as_nested=nested)
+    td.set_non_tensor(TRAJ_IDS, "0")  # the ids must be a tensor
+    with pytest.raises(LayoutError, match=r"\('collector', 'traj_ids'\) holds NonTensorData"):
         split_trajectories(td)
 
 

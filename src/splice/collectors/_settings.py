@@ -71,28 +71,6 @@ class CollectorSettings:
     info_keys: tuple[InfoKey, ...] = ()
     exclude_keys: tuple[tuple[str, ...], ...] = ()
 
-    def check_non_tensor(self, keys: list[tuple[str, ...]]) -> None:
-        """Refuse, up front, the options that cannot carry the env's non-tensor entries yet
-        (``keys``, e.g. MiniGrid's ``("observation", "mission")``): ``split_trajs`` and
-        ``trajs_per_batch`` (the trajectory ops hold tensors only).
-
-        Raises:
-            ValueError: naming the keys and the option, suggesting ``exclude_keys``.
-        """
-        option = (
-            "split_trajs"
-            if self.split_trajs
-            else "trajs_per_batch"
-            if self.trajs_per_batch is not None
-            else None
-        )
-        if keys and option:
-            raise ValueError(
-                f"the env's observation has non-tensor entries {keys} (text or another space "
-                f"without a tensor form), which {option} cannot carry yet; leave them out with "
-                f"exclude_keys={keys}"
-            )
-
     @classmethod
     def check(
         cls,

@@ -320,9 +320,10 @@ class StagedEpisodes:
                 torch.from_numpy(runs.length.copy()),
                 int(runs.length.max()) if n else 0,
             )
+            objects = {key: v for key, v in columns.items() if v.dtype == object}
             flat_td = nested_tensordict(columns, FLAG_KEYS, [n_steps])
-            tensors = {key: flat_td.get(key) for key in columns}
-            out = to_padded(tensors, index, ids_key=TRAJ_IDS, mask_key=MASK)
+            tensors = {key: flat_td.get(key) for key in columns if key not in objects}
+            out = to_padded(tensors, index, ids_key=TRAJ_IDS, mask_key=MASK, objects=objects)
         if self.device is not None and self.device.type != "cpu":
             out = out.to(self.device)
         return out

@@ -17,7 +17,7 @@ from splice.collectors.ids import TrajectoryIds
 from splice.collectors.rollout import RolloutLoop
 from splice.envs import EnvLike, make_adapter
 from splice.envs.infos import InfoKeysLike
-from splice.layout import OBSERVATION, TrajFormat
+from splice.layout import TrajFormat
 from splice.policies import ModulePolicy
 
 __all__ = ["Collector"]
@@ -197,9 +197,6 @@ class Collector(CollectorBase):
                 info_keys=settings.info_keys,
                 exclude_keys=settings.exclude_keys,
                 whole_episodes=settings.trajs_per_batch is not None,
-            )
-            settings.check_non_tensor(
-                [(OBSERVATION, *leaf.key) for leaf in self.adapter.obs_leaves if not leaf.is_tensor]
             )
         except BaseException:
             self.adapter.close()

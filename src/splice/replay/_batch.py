@@ -14,14 +14,15 @@ Accepted TensorDict layouts (all produced by splice's collectors and trajectory 
 
 Flattening and checking follow the batch contract (:func:`splice.contract.flatten_steps`):
 rows whose trajectory id is ``-1`` (padding) are dropped too, an id below ``-1`` is refused,
-and integer ids of any dtype are read as int64. Nothing here mutates anything.
+and integer ids of any dtype are read as int64. Non-tensor entries (one Python object per
+step) become object columns (:attr:`FlatBatch.objects`). Nothing here mutates anything.
 """
 
 from __future__ import annotations
 
 import enum
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -36,6 +37,7 @@ __all__ = [
     "Columns",
     "FlatBatch",
     "Kind",
+    "Objects",
     "Schema",
     "as_tensordict",
     "flatten_batch",
@@ -44,6 +46,8 @@ __all__ = [
 ]
 
 Columns = dict[Key, Tensor]
+#: Object columns: one numpy object array ``[N]`` per non-tensor key.
+Objects = dict[Key, np.ndarray]
 
 #: The key under which a buffer of plain tensors stores them.
 TENSOR_KEY: Key = ("_tensor",)
@@ -129,21 +133,38 @@ def from_tensordict(td: TensorDictBase, kind: Kind) -> Any:
 
 @dataclass(frozen=True)
 class Schema:
-    """Per key: dtype and per-step shape. Fixed by the first batch a storage receives."""
+    """Per tensor key: dtype and per-step shape; and the object (non-tensor) keys. Fixed by
+    the first batch a storage receives."""
 
     entries: dict[Key, tuple[torch.dtype, tuple[int, ...]]]
+    objects: tuple[Key, ...] = ()
 
     @staticmethod
-    def of(columns: Columns) -> Schema:
-        return Schema({k: (v.dtype, tuple(v.shape[1:])) for k, v in columns.items()})
+    def of(columns: Columns, objects: Objects | None = None) -> Schema:
+        return Schema(
+            {k: (v.dtype, tuple(v.shape[1:])) for k, v in columns.items()},
+            tuple(objects or ()),
+        )
 
-    def check(self, columns: Columns, *, subset: bool = False) -> None:
+    def check(
+        self, columns: Columns, objects: Objects | None = None, *, subset: bool = False
+    ) -> None:
         """Raise :class:`LayoutError` naming every missing/extra key or the first mismatch.
 
         ``subset``: the columns may cover only some keys (in-place writes).
         """
+        objects = objects or {}
         missing = [] if subset else [k for k in self.entries if k not in columns]
+        missing += [] if subset else [k for k in self.objects if k not in objects]
         extra = [k for k in columns if k not in self.entries]
+        extra += [k for k in objects if k not in self.objects]
+        for key in set(missing) & set(extra):
+            stored = "non-tensor entries" if key in self.objects else "tensors"
+            given = "tensors" if key in self.objects else "non-tensor entries"
+            raise LayoutError(
+                f"key {fmt_key(key)}: the buffer stores {stored} there (fixed by the first "
+                f"batch written to the storage), got {given}"
+            )
         if missing or extra:
             parts = []
             if missing:
@@ -164,10 +185,12 @@ class Schema:
                 )
 
     def to_json(self) -> list[dict[str, object]]:
-        return [
+        """Tensor keys as ``{"key", "dtype", "shape"}``, object keys with dtype ``"object"``."""
+        tensors: list[dict[str, object]] = [
             {"key": list(k), "dtype": str(d).removeprefix("torch."), "shape": list(s)}
             for k, (d, s) in self.entries.items()
         ]
+        return tensors + [{"key": list(k), "dtype": "object", "shape": []} for k in self.objects]
 
     @staticmethod
     def from_json(items: object) -> Schema:
@@ -179,10 +202,16 @@ class Schema:
         if not isinstance(items, list):
             raise ValueError(f"a schema is a list of entries, got {type(items).__name__}")
         entries: dict[Key, tuple[torch.dtype, tuple[int, ...]]] = {}
+        objects: list[Key] = []
         for item in items:
             if not isinstance(item, dict):
                 raise ValueError(f"schema entry {item!r} is not an object")
             key, dtype, shape = item.get("key"), item.get("dtype"), item.get("shape")
+            if dtype == "object" and shape == [] and isinstance(key, list):
+                if not all(isinstance(part, str) for part in key):
+                    raise ValueError(f"bad schema entry {item!r}")
+                objects.append(tuple(key))
+                continue
             if (
                 not isinstance(key, list)
                 or not all(isinstance(part, str) for part in key)
@@ -192,7 +221,7 @@ class Schema:
             ):
                 raise ValueError(f"bad schema entry {item!r}")
             entries[tuple(key)] = (getattr(torch, str(dtype)), tuple(shape))
-        return Schema(entries)
+        return Schema(entries, tuple(objects))
 
 
 @dataclass(frozen=True)
@@ -209,6 +238,7 @@ class FlatBatch:
         flat: the input was flat ``[N]`` (no env rows to tell streams apart).
         input_shape: the input's batch shape.
         source: the flat input position of every kept step (None: all kept, in order).
+        objects: every non-tensor key, ``[N]`` numpy object arrays (like ``columns``).
     """
 
     columns: Columns
@@ -219,11 +249,15 @@ class FlatBatch:
     flat: bool
     input_shape: torch.Size
     source: np.ndarray | None = None
+    objects: Objects = field(default_factory=dict)
 
     @property
     def n(self) -> int:
         first = next(iter(self.columns.values()), None)
-        return 0 if first is None else first.shape[0]
+        if first is not None:
+            return first.shape[0]
+        values = next(iter(self.objects.values()), None)
+        return 0 if values is None else values.shape[0]
 
 
 def flatten_batch(td: TensorDictBase, ids_key: Key | None, *, first: bool) -> FlatBatch:
@@ -260,4 +294,5 @@ def flatten_batch(td: TensorDictBase, ids_key: Key | None, *, first: bool) -> Fl
         flat=len(steps.batch_shape) == 1,
         input_shape=steps.batch_shape,
         source=source,
+        objects=kept.objects,
     )

@@ -5,15 +5,21 @@ numbers, strings and lists (what ``torch.load(weights_only=True)`` accepts);
 ``ReplayBuffer.dumps`` / ``loads`` write it to a directory: raw tensor bytes per column,
 ``.npy`` files (loaded with ``allow_pickle=False``) for the index and sampler arrays, and one
 JSON document, written last and atomically.
+
+Every tensor key is saved whole (a shared next column rebuilt: the saved form does not depend
+on the storage's layout, and a restore stores it again by the storage's own rule). An object
+column is saved as text (:func:`~splice.replay._objects.encode_text`): its UTF-8 bytes and
+per-row lengths, two tensors in a state dict, two raw files on disk.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import torch
 from torch import Tensor
 
 from splice.replay._batch import Schema
@@ -26,6 +32,7 @@ from splice.replay._files import (
     tensor_to_file,
     write_json_atomic,
 )
+from splice.replay._objects import decode_text, encode_text
 from splice.replay._state import as_int, flatten, from_tensors, to_tensors, unflatten
 from splice.replay.index import IndexState
 from splice.replay.samplers._base import SamplerState
@@ -57,6 +64,7 @@ class Snapshot:
         sampler: the sampler's state.
         batch_size: the buffer's default batch size.
         kind: the container the buffer holds (``"tensordict"``, ``"tensor"``, ``"dict"``).
+        objects: the storage's object columns in schema order (``[capacity]`` object arrays).
     """
 
     capacity: int
@@ -68,6 +76,20 @@ class Snapshot:
     sampler: SamplerState
     batch_size: int | None
     kind: str | None
+    objects: list[np.ndarray] = field(default_factory=list)
+
+
+def _encode_objects(snap: Snapshot) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Each object column as ``(utf8, lengths)`` (raises before anything is written)."""
+    keys = () if snap.schema is None else snap.schema.objects
+    return [encode_text(values, key) for key, values in zip(keys, snap.objects, strict=True)]
+
+
+def _decode_objects(parts: list[tuple[np.ndarray, np.ndarray]], where: str) -> list[np.ndarray]:
+    try:
+        return [decode_text(utf8, lengths) for utf8, lengths in parts]
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{where}: a text column is not UTF-8: {err}") from err
 
 
 def _header(snap: Snapshot) -> dict[str, object]:
@@ -114,8 +136,13 @@ def _parse_header(doc: Mapping[str, object], where: str) -> _Header:
 
 def to_state_dict(snap: Snapshot) -> dict[str, object]:
     """The snapshot as a dict of tensors (copies), numbers, strings, lists and dicts."""
+    objects = _encode_objects(snap)
     out = _header(snap)
     out["columns"] = [column.detach().clone() for column in snap.columns]
+    out["objects"] = [
+        {"utf8": torch.from_numpy(utf8), "length": torch.from_numpy(lengths)}
+        for utf8, lengths in objects
+    ]
     out["index"] = to_tensors(flatten(snap.index))
     out["sampler"] = to_tensors(flatten(snap.sampler))
     return out
@@ -136,6 +163,7 @@ def from_state_dict(state: Mapping[str, object], sampler_state: type[SamplerStat
     if not isinstance(index, Mapping) or not isinstance(sampler, Mapping):
         raise ValueError("state dict: 'index' and 'sampler' must be mappings")
     return Snapshot(
+        objects=_read_objects(state.get("objects", [])),
         capacity=head.capacity,
         schema=head.schema,
         columns=list(columns),
@@ -148,11 +176,34 @@ def from_state_dict(state: Mapping[str, object], sampler_state: type[SamplerStat
     )
 
 
+def _read_objects(items: object) -> list[np.ndarray]:
+    """The object columns of a state dict (``[{"utf8": tensor, "length": tensor}, ...]``)."""
+    if not isinstance(items, list):
+        raise ValueError("state dict: 'objects' must be a list")
+    parts = []
+    for item in items:
+        utf8 = item.get("utf8") if isinstance(item, Mapping) else None
+        lengths = item.get("length") if isinstance(item, Mapping) else None
+        if not (
+            isinstance(utf8, Tensor)
+            and utf8.dtype == torch.uint8
+            and isinstance(lengths, Tensor)
+            and lengths.dtype == torch.int64
+        ):
+            raise ValueError("state dict: an object column must be uint8 'utf8' and int64 'length'")
+        parts.append((utf8.numpy(), lengths.numpy()))
+    return _decode_objects(parts, "state dict")
+
+
 def write_dir(snap: Snapshot, root: Path) -> None:
     """Write the snapshot under ``root`` (``buffer.json`` last, atomically)."""
+    objects = _encode_objects(snap)
     (root / "storage").mkdir(parents=True, exist_ok=True)
     for i, column in enumerate(snap.columns):
         tensor_to_file(column, root / "storage" / f"col_{i:03d}.bin")
+    for j, (utf8, lengths) in enumerate(objects):
+        tensor_to_file(torch.from_numpy(lengths), root / "storage" / f"obj_{j:03d}.length.bin")
+        tensor_to_file(torch.from_numpy(utf8), root / "storage" / f"obj_{j:03d}.utf8.bin")
     doc = _header(snap)
     doc["index"] = save_arrays(root / "index", flatten(snap.index))
     doc["sampler"] = save_arrays(root / "sampler", flatten(snap.sampler))
@@ -172,10 +223,18 @@ def read_dir(root: Path, sampler_state: type[SamplerState]) -> Snapshot:
         for i, (dtype, shape) in enumerate(head.schema.entries.values()):
             path = root / "storage" / f"col_{i:03d}.bin"
             columns.append(tensor_from_file(path, dtype, (head.capacity, *shape)))
+    parts = []
+    for j in range(0 if head.schema is None else len(head.schema.objects)):
+        lengths = tensor_from_file(
+            root / "storage" / f"obj_{j:03d}.length.bin", torch.int64, (head.capacity,)
+        ).numpy()
+        utf8 = np.fromfile(root / "storage" / f"obj_{j:03d}.utf8.bin", dtype=np.uint8)
+        parts.append((utf8, lengths))
     index, sampler = doc.get("index"), doc.get("sampler")
     if not isinstance(index, dict) or not isinstance(sampler, dict):
         raise ValueError(f"{root}: 'index' and 'sampler' must be objects")
     return Snapshot(
+        objects=_decode_objects(parts, str(root)),
         capacity=head.capacity,
         schema=head.schema,
         columns=columns,
@@ -206,6 +265,13 @@ def check_arrays(snap: Snapshot) -> None:
                 f"saved column {key}: expected dtype {dtype} and shape "
                 f"{[snap.capacity, *shape]}, got {column.dtype} and {list(column.shape)}"
             )
+    if len(snap.objects) != len(snap.schema.objects) or any(
+        values.shape != (snap.capacity,) for values in snap.objects
+    ):
+        raise ValueError(
+            f"saved {len(snap.objects)} object columns for {len(snap.schema.objects)} object "
+            f"keys, each of {snap.capacity} rows expected"
+        )
     index = snap.index
     for name in ("row_slot", "row_step", "row_seg", "row_key"):
         size = np.asarray(getattr(index, name)).size

@@ -15,12 +15,14 @@ from tensordict.utils import NestedKey
 from torch import Tensor
 
 from splice._gather import take_rows
-from splice.layout import CUT, Key, LayoutError, as_key_tuple, fmt_key
+from splice._non_tensor import non_tensor_values
+from splice.layout import CUT, Key, LayoutError, all_leaves, as_key_tuple, fmt_key
 from splice.replay import _output
 from splice.replay._batch import (
     Columns,
     FlatBatch,
     Kind,
+    Objects,
     Schema,
     as_tensordict,
     flatten_batch,
@@ -241,9 +243,9 @@ class ReplayBuffer:
                 needs_trajectories=self.sampler.needs_trajectories,
             )
         batch = flatten_batch(td, bounds.ids_key, first=seen_schema is None)
-        schema = Schema.of(batch.columns) if seen_schema is None else seen_schema
+        schema = Schema.of(batch.columns, batch.objects) if seen_schema is None else seen_schema
         if seen_schema is not None:
-            schema.check(batch.columns)
+            schema.check(batch.columns, batch.objects)
         return _Staged(seen_bounds, seen_schema, bounds, batch, schema)
 
     def _extend(self, td: TensorDictBase, kind: Kind, staged: _Staged | None = None) -> Tensor:
@@ -255,7 +257,8 @@ class ReplayBuffer:
             staged = self._stage(td, kind)
         bounds, batch, schema = staged.bounds, staged.batch, staged.schema
         first = staged.seen_schema is None
-        columns = batch.columns
+        columns, objects = batch.columns, batch.objects
+        self.storage.check_write(schema, objects)
         n = batch.n
         if n == 0:
             return torch.full(batch.input_shape, -1, dtype=torch.int64)
@@ -264,10 +267,12 @@ class ReplayBuffer:
         order = plan.order
         if order is not None:
             columns = {k: take_rows(v, torch.from_numpy(order)) for k, v in columns.items()}
+            objects = {k: v[order] for k, v in objects.items()}
         capacity = self.storage.max_size
         written = columns
         if n > capacity:
             written = {k: v[n - capacity :] for k, v in columns.items()}
+            objects = {k: v[n - capacity :] for k, v in objects.items()}
         written = _on_device(written, self.storage.device)
         rows = self._index.rows_for_write(n)
         # Everything is validated: from here on the write cannot fail half-way.
@@ -275,7 +280,7 @@ class ReplayBuffer:
             self.storage.allocate(schema)
             self._kind = kind
         self.storage.begin_write(rows)
-        self.storage.write(int(rows[0]), written)
+        self.storage.write(int(rows[0]), written, objects)
         report = self._index.write(plan.keys, plan.run_start)
         bounds.commit(open_keys, next_key)
         self._bounds = bounds
@@ -383,9 +388,11 @@ class ReplayBuffer:
                     "single steps"
                 )
             plan = _output.plan(draw, shaped=shaped, pad=bool(marks and marks.pad_output))
-            columns = self.storage.gather(torch.from_numpy(plan.rows))
+            rows = torch.from_numpy(plan.rows)
+            columns = self.storage.gather(rows)
+            objects = self.storage.gather_objects(rows)
             kind = self._kind
-        data, info = _output.build(columns, draw, plan, marks, shaped=shaped)
+        data, info = _output.build(columns, draw, plan, marks, shaped=shaped, objects=objects)
         out = data if kind is None else from_tensordict(data, kind)
         return (out, info) if return_info else out
 
@@ -450,10 +457,11 @@ class ReplayBuffer:
         with self._lock:
             rows = self._rows(index)
             columns = self.storage.gather(rows.reshape(-1))
+            objects = self.storage.gather_objects(rows.reshape(-1))
             kind = self._kind
         shape = tuple(rows.shape)
         out = {k: v.reshape(shape + tuple(v.shape[1:])) for k, v in columns.items()}
-        td = _output.to_tensordict(out, shape)
+        td = _output.to_tensordict(out, shape, {k: v.reshape(shape) for k, v in objects.items()})
         return td if kind is None else from_tensordict(td, kind)
 
     def __setitem__(self, index: Index | NestedKey, value: Any) -> None:
@@ -523,9 +531,20 @@ class ReplayBuffer:
                 f"{list(td.batch_size)}"
             )
         columns: Columns = {}
-        for key, value in td.items(include_nested=True, leaves_only=True):
-            columns[as_key_tuple(key)] = value
-        schema.check(columns, subset=True)
+        objects: Objects = {}
+        for key, value in all_leaves(td):
+            if isinstance(value, Tensor):
+                columns[key] = value
+            elif value.batch_size == td.batch_size:
+                objects[key] = non_tensor_values(value)
+            else:
+                raise LayoutError(
+                    f"in-place write: key {fmt_key(key)} holds a non-tensor entry of batch "
+                    f"shape {list(value.batch_size)}, not one object per row "
+                    f"({list(td.batch_size)})"
+                )
+        schema.check(columns, objects, subset=True)
+        self.storage.check_write(schema, objects)
         for key in self._boundary_keys():
             if key in columns:
                 stored = self.storage.gather(rows)[key]
@@ -534,7 +553,7 @@ class ReplayBuffer:
                         f"key {fmt_key(key)} delimits trajectories: it cannot change in place "
                         "(extend with the new data instead)"
                     )
-        self.storage.set_rows(rows, columns)
+        self.storage.set_rows(rows, columns, objects)
 
     def _boundary_keys(self) -> list[Key]:
         if self._bounds is None or self._bounds.key is None:
@@ -550,7 +569,8 @@ class ReplayBuffer:
         return Snapshot(
             capacity=self.storage.max_size,
             schema=schema,
-            columns=[] if schema is None else [self.storage.columns[k] for k in schema.entries],
+            columns=[] if schema is None else [self.storage.column(k) for k in schema.entries],
+            objects=[] if schema is None else [self.storage.objects[k] for k in schema.objects],
             boundaries=self._bounds,
             index=self._index.state(),
             sampler_config=self.sampler.config(),
@@ -573,12 +593,16 @@ class ReplayBuffer:
         check_arrays(snap)
         if snap.schema is not None and self.storage.schema not in (None, snap.schema):
             raise LayoutError(f"{where} stores other keys than this buffer")
+        live = _live_rows(snap)
+        if snap.schema is not None:
+            saved = dict(zip(snap.schema.objects, snap.objects, strict=True))
+            self.storage.check_write(snap.schema, {k: v[live] for k, v in saved.items()})
         with self._lock:
             if snap.schema is not None:
                 if self.storage.schema is None:
                     self.storage.allocate(snap.schema)
-                for key, column in zip(snap.schema.entries, snap.columns, strict=True):
-                    self.storage.columns[key].copy_(column)
+                columns = dict(zip(snap.schema.entries, snap.columns, strict=True))
+                self.storage.load(columns, saved, live)
             self._index.restore(snap.index)
             self._bounds = snap.boundaries
             self.sampler.attach(self._index, self.batch_size)
@@ -631,6 +655,12 @@ class _Staged:
     bounds: Boundaries
     batch: FlatBatch
     schema: Schema
+
+
+def _live_rows(snap: Snapshot) -> np.ndarray:
+    """The rows of a snapshot's live data, oldest first."""
+    lo, count = snap.index.lo, snap.index.write_count
+    return np.arange(lo, count, dtype=I64) % snap.capacity
 
 
 def _key(key: NestedKey | None) -> Key | None:

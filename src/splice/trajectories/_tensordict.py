@@ -9,12 +9,17 @@ from tensordict import TensorDict, TensorDictBase
 from tensordict.utils import NestedKey
 from torch import Tensor
 
-from splice.layout import Key, as_key_tuple, tensor_leaves
+from splice.layout import Key, all_leaves, as_key_tuple, tensor_leaves
 
 
 def leaves(td: TensorDictBase) -> Iterator[tuple[Key, Tensor]]:
     """Every tensor leaf of ``td`` with its key as a tuple; non-tensor leaves raise."""
     return tensor_leaves(td, context="a trajectory operation's input")
+
+
+def non_tensor_keys(td: TensorDictBase) -> list[Key]:
+    """The keys of ``td``'s non-tensor entries (per-step Python objects)."""
+    return [key for key, value in all_leaves(td) if not isinstance(value, Tensor)]
 
 
 def map_leaves(

@@ -11,6 +11,7 @@ from tensordict.utils import NestedKey
 from torch import Tensor
 
 from splice._gather import take_rows
+from splice._non_tensor import set_objects
 from splice.contract import Steps, flatten_steps
 from splice.layout import (
     CUT,
@@ -27,7 +28,7 @@ from splice.layout import (
 from splice.trajectories._id_set import IdSet
 from splice.trajectories._index import index_by_id, index_by_row
 from splice.trajectories._tensordict import replace_last
-from splice.trajectories.split import to_padded
+from splice.trajectories.split import Objects, to_padded
 
 __all__ = ["Drained", "TrajectoryAssembler"]
 
@@ -50,7 +51,10 @@ class TrajectoryAssembler:
 
     Steps are kept in one flat pool that grows geometrically and is compacted lazily, so
     memory stays proportional to what is buffered, no Python object is made per step, and
-    a long episode is never re-concatenated batch after batch.
+    a long episode is never re-concatenated batch after batch. Non-tensor entries (one Python
+    object per step, e.g. a text observation) are pooled as numpy object arrays and come out
+    as non-tensor entries (in padded output, padding repeats an episode's last value, as in
+    :func:`~splice.split_trajectories`).
 
     Args:
         trajectory_key: key of the trajectory ids (required in every batch).
@@ -105,8 +109,9 @@ class TrajectoryAssembler:
         """Drop everything buffered: complete and in-flight episodes, the key schema and the
         record of completed ids."""
         self._pool: dict[Key, Tensor] | None = None  # one column per key, rows = steps
+        self._objects: Objects = {}  # one object array per non-tensor key, rows = steps
         self._device: torch.device | None = None
-        self._schema: dict[Key, tuple[torch.dtype, torch.Size]] | None = None
+        self._schema: dict[Key, tuple[torch.dtype | str, torch.Size]] | None = None
         self._ids = torch.empty(0, dtype=torch.int64)
         self._alive = torch.empty(0, dtype=torch.bool)
         self._size = 0  # pool rows in use, alive or dead
@@ -173,6 +178,7 @@ class TrajectoryAssembler:
         ids, ends, cut, steps = self._read_batch(batch)
         n_env, n_time = steps.n_envs, steps.steps_per_env
         columns = {key: x for key, x in steps.columns.items() if key != self.cut_key}
+        objects = steps.objects
         # Completion order: by time step, then env row (flat index is env-major).
         flat_pos = torch.arange(ids.numel())
         completion_key = (flat_pos % n_time) * n_env + flat_pos // n_time
@@ -182,14 +188,15 @@ class TrajectoryAssembler:
         if steps.real is not None:
             keep = steps.real.nonzero().squeeze(1)
             columns = {key: take_rows(x, keep) for key, x in columns.items()}
+            objects = {key: np.take(x, keep.numpy()) for key, x in objects.items()}
             ids, cut, ends = ids[keep], cut[keep], ends[keep]
         self._refuse_completed_ids(ids, ends)
-        self._check_schema(columns)
+        self._check_schema(columns, objects)
         if self._device is None:
             self._device = batch.device
         if ids.numel() == 0:  # no real steps ([B, 0], all padding): nothing to store
             return 0
-        self._append(columns, ids, cut)
+        self._append(columns, objects, ids, cut)
         self._complete = torch.cat([self._complete, done_ids])
         self._completed.add(done_ids.numpy())
         return done_ids.numel()
@@ -270,8 +277,11 @@ class TrajectoryAssembler:
             cut = torch.zeros(steps.n, dtype=torch.bool)
         return steps.ids, ends & ~cut, cut, steps
 
-    def _check_schema(self, columns: dict[Key, Tensor]) -> None:
-        schema = {key: (x.dtype, x.shape[1:]) for key, x in columns.items()}
+    def _check_schema(self, columns: dict[Key, Tensor], objects: Objects) -> None:
+        schema: dict[Key, tuple[torch.dtype | str, torch.Size]] = {
+            key: (x.dtype, x.shape[1:]) for key, x in columns.items()
+        }
+        schema.update((key, ("object", torch.Size([]))) for key in objects)
         if self._schema is None:
             self._schema = schema
             return
@@ -294,13 +304,17 @@ class TrajectoryAssembler:
                     f"per-step shape {list(feature)}"
                 )
 
-    def _append(self, columns: dict[Key, Tensor], ids: Tensor, cut: Tensor) -> None:
+    def _append(
+        self, columns: dict[Key, Tensor], objects: Objects, ids: Tensor, cut: Tensor
+    ) -> None:
         n = ids.numel()
-        self._reserve(n, columns)
+        self._reserve(n, columns, objects)
         assert self._pool is not None
         lo, hi = self._size, self._size + n
         for key, x in columns.items():
             self._pool[key][lo:hi].copy_(x)
+        for key, values in objects.items():
+            self._objects[key][lo:hi] = values
         if bool(cut.any()):
             # Stitching: what the collector marked at a cut (TorchRL's set_truncated) is not
             # an episode end, so it must not survive inside the assembled episode.
@@ -313,7 +327,7 @@ class TrajectoryAssembler:
         self._alive[lo:hi] = True
         self._size = hi
 
-    def _reserve(self, n: int, like: dict[Key, Tensor]) -> None:
+    def _reserve(self, n: int, like: dict[Key, Tensor], objects: Objects) -> None:
         capacity = self._ids.numel()
         if self._size + n <= capacity:
             return
@@ -328,14 +342,17 @@ class TrajectoryAssembler:
         else:
             template = self._pool
         pool = {key: x.new_empty((new_capacity, *x.shape[1:])) for key, x in template.items()}
+        pooled = {key: np.empty(new_capacity, dtype=object) for key in objects}
         ids = torch.empty(new_capacity, dtype=torch.int64)
         alive = torch.zeros(new_capacity, dtype=torch.bool)
         if self._pool is not None and self._size:
             for key, x in self._pool.items():
                 pool[key][: self._size] = x[: self._size]
+            for key, values in self._objects.items():
+                pooled[key][: self._size] = values[: self._size]
             ids[: self._size] = self._ids[: self._size]
             alive[: self._size] = self._alive[: self._size]
-        self._pool, self._ids, self._alive = pool, ids, alive
+        self._pool, self._objects, self._ids, self._alive = pool, pooled, ids, alive
 
     def _compact(self) -> None:
         assert self._pool is not None
@@ -343,6 +360,10 @@ class TrajectoryAssembler:
         k = keep.numel()
         for leaf in self._pool.values():
             leaf[:k] = take_rows(leaf, keep)
+        picks = keep.numpy()
+        for values in self._objects.values():
+            values[:k] = values[picks]
+            values[k : self._size] = None  # drop the references of removed steps
         self._ids[:k] = self._ids[keep]
         self._alive[:k] = True
         self._alive[k : self._size] = False
@@ -444,6 +465,8 @@ class TrajectoryAssembler:
         if traj_format == "cat":
             steps = steps[index.cat_order()]  # trajectory after trajectory
         flat = {key: take_rows(x, steps) for key, x in self._pool.items()}
+        picks = steps.numpy()
+        objects = {key: values[picks] for key, values in self._objects.items()}
         if cut_from < n_rows:
             if traj_format == "cat":
                 last = index.offsets()[1:][cut_from:] - 1
@@ -455,13 +478,15 @@ class TrajectoryAssembler:
         if self._n_dead * 2 > self._size:
             self._compact()
         if traj_format == "cat":
-            return TensorDict(flat, batch_size=[steps.numel()], device=self._device)
+            out = TensorDict(flat, batch_size=[steps.numel()], device=self._device)
+            return set_objects(out, objects)
         return to_padded(
             flat,
             index,
             ids_key=self.trajectory_key,
             mask_key=self.mask_key,
             device=self._device,
+            objects=objects,
         )
 
 

@@ -2,18 +2,29 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
+import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
 from tensordict.utils import NestedKey
 from torch import Tensor
 
 from splice._gather import take_rows
+from splice._non_tensor import non_tensor_values, set_objects
 from splice.contract import flatten_steps
-from splice.layout import NEXT, PADDING_ID, Key, LayoutError, as_key_tuple, fmt_key
+from splice.layout import NEXT, PADDING_ID, Key, LayoutError, all_leaves, as_key_tuple, fmt_key
 from splice.trajectories._index import TrajectoryIndex, ids_from_done, index_by_id
-from splice.trajectories._tensordict import leaves, map_leaves, resolve_trajectory_keys
+from splice.trajectories._tensordict import (
+    leaves,
+    map_leaves,
+    non_tensor_keys,
+    resolve_trajectory_keys,
+)
 
 Columns = dict[Key, Tensor]
+#: Non-tensor entries as flat numpy object arrays (one Python object per step).
+Objects = dict[Key, np.ndarray]
 
 __all__ = ["cat_trajectories", "split_trajectories", "to_nested", "to_padded"]
 
@@ -43,6 +54,12 @@ def split_trajectories(
     ``[0, 0]`` padded, ``[0]`` jagged; a strided nested tensor cannot have zero rows, so
     ``as_nested=True`` refuses it.
 
+    Non-tensor entries (one Python object per step, e.g. a text observation) are carried in
+    the padded output as non-tensor entries of shape ``[n_traj, max_len]``; their padding
+    repeats the trajectory's last value (the mask tells padding apart), which keeps an entry
+    that is constant along each trajectory one object per row. Nested output refuses them:
+    tensordict has no nested or jagged form for non-tensor data.
+
     Args:
         td: the batch of steps.
         trajectory_key: key of the trajectory ids. Supersedes ``prefix``.
@@ -60,7 +77,8 @@ def split_trajectories(
         TypeError: ``td`` is not a TensorDict.
         LayoutError: missing ids and done flags, non-integer ids, ids below ``-1``, or a shape
             mismatch (the batch contract of :mod:`splice.contract`).
-        ValueError: ``as_nested=True`` (strided) for a batch without real steps.
+        ValueError: ``as_nested=True`` (strided) for a batch without real steps; nested
+            output of a batch with non-tensor entries.
 
     Examples:
         >>> import torch
@@ -95,7 +113,14 @@ def split_trajectories(
     steps = flatten_steps(
         td, ids_key=ids_key, mask_key=mask_key, context="split_trajectories' input"
     )
+    if as_nested is not False and steps.objects:
+        raise ValueError(
+            f"split_trajectories(as_nested={as_nested!r}): the batch has non-tensor entries "
+            f"{_key_list(steps.objects)}, which tensordict cannot hold in nested or jagged "
+            "form; use the padded output (as_nested=False), or leave them out"
+        )
     columns = dict(steps.columns)
+    objects = steps.objects
     ids = steps.ids
     if ids is None:
         done_key = (NEXT, *as_key_tuple(done_key if done_key is not None else "done"))
@@ -110,10 +135,15 @@ def split_trajectories(
     if steps.real is not None:
         keep = steps.real.nonzero().squeeze(1)
         columns = {key: take_rows(x, keep) for key, x in columns.items()}
+        if objects:
+            picks = keep.cpu().numpy()
+            objects = {key: np.take(v, picks) for key, v in objects.items()}
         ids = ids[keep]
     index = index_by_id(ids)
     if as_nested is False:
-        return to_padded(columns, index, ids_key=ids_key, mask_key=mask_key, device=td.device)
+        return to_padded(
+            columns, index, ids_key=ids_key, mask_key=mask_key, device=td.device, objects=objects
+        )
     return to_nested(
         columns, index, mask_key=mask_key, layout=_nested_layout(as_nested), device=td.device
     )
@@ -129,7 +159,8 @@ def cat_trajectories(
 
     Accepts the padded ``[n_traj, max_len]`` output of :func:`~splice.split_trajectories`
     (padding is dropped using the mask) or its nested output. Steps come out trajectory after
-    trajectory, in time order; the mask key is removed.
+    trajectory, in time order; the mask key is removed. Non-tensor entries of a padded input
+    come out as flat non-tensor entries (nested input cannot hold them).
     ``cat_trajectories(split_trajectories(x))`` equals ``x`` with its steps reordered by
     trajectory, exactly.
 
@@ -140,7 +171,8 @@ def cat_trajectories(
 
     Raises:
         TypeError: ``td`` is not a TensorDict.
-        LayoutError: a padded input without a mask, or a mask of the wrong shape or dtype.
+        LayoutError: a padded input without a mask, or a mask of the wrong shape or dtype; a
+            non-tensor entry that is not one object per step, or in a nested input.
 
     Examples:
         >>> import torch
@@ -171,11 +203,27 @@ def cat_trajectories(
         )
     keep = mask.reshape(-1).nonzero().squeeze(1)
     rows = td.batch_size.numel()
-    return map_leaves(
-        td.exclude(mask_key),
+    body = td.exclude(mask_key)
+    object_keys = non_tensor_keys(body)
+    objects: Objects = {}
+    if object_keys:
+        picks = keep.cpu().numpy()
+        for key in object_keys:
+            entry = body.get(key)
+            if entry.batch_size != td.batch_size:
+                raise LayoutError(
+                    f"key {fmt_key(key)}: a non-tensor entry must hold one object per step "
+                    f"(batch shape {list(td.batch_size)}), got batch shape "
+                    f"{list(entry.batch_size)}"
+                )
+            objects[key] = non_tensor_values(entry).reshape(rows)[picks]
+        body = body.exclude(*object_keys)
+    out = map_leaves(
+        body,
         lambda _, x: take_rows(x.reshape(rows, *x.shape[2:]), keep),
         [keep.numel()],
     )
+    return set_objects(out, objects)
 
 
 def to_padded(
@@ -185,10 +233,13 @@ def to_padded(
     ids_key: Key | None,
     mask_key: Key,
     device: torch.device | None = None,
+    objects: Objects | None = None,
 ) -> TensorDict:
     """Scatter flat steps into a zero-padded ``[n_rows, max_len]`` TensorDict with a mask.
 
-    The id key (if given) is padded with ``-1``; every other key with zeros.
+    The id key (if given) is padded with ``-1``; every other key with zeros. ``objects``
+    (flat object arrays) become ``[n_rows, max_len]`` non-tensor entries whose padding
+    repeats each row's last value (:func:`pad_objects`).
     """
     n_rows, max_len = index.n_rows, index.max_len
     dest = index.padded_dest()
@@ -203,7 +254,28 @@ def to_padded(
     mask = torch.zeros(n_rows * max_len, dtype=torch.bool, device=dest.device)
     mask[dest] = True
     out[mask_key] = mask.view(n_rows, max_len)
-    return TensorDict(out, batch_size=[n_rows, max_len], device=device)
+    td = TensorDict(out, batch_size=[n_rows, max_len], device=device)
+    if not objects:
+        return td
+    return set_objects(td, {key: pad_objects(v, index) for key, v in objects.items()})
+
+
+def pad_objects(values: np.ndarray, index: TrajectoryIndex) -> np.ndarray:
+    """``[n_rows, max_len]``: the flat per-step objects ``values`` laid out by ``index``, each
+    row's steps in time order, then its last value repeated over the padding.
+
+    Examples:
+        >>> import numpy as np
+        >>> from splice.trajectories._index import index_by_id
+        >>> values = np.array(["a0", "b0", "a1"], dtype=object)
+        >>> pad_objects(values, index_by_id(torch.tensor([0, 1, 0]))).tolist()
+        [['a0', 'a1'], ['b0', 'b0']]
+    """
+    pos = np.arange(index.max_len)
+    lengths = index.lengths.cpu().numpy()
+    starts = index.offsets().cpu().numpy()[:-1]
+    in_cat = starts[:, None] + np.minimum(pos[None, :], lengths[:, None] - 1)
+    return values[index.cat_order().cpu().numpy()[in_cat]]
 
 
 def to_nested(
@@ -283,10 +355,21 @@ def _nested_layout(as_nested: bool | torch.layout) -> torch.layout:
 
 
 def _is_nested(td: TensorDictBase) -> bool:
-    return any(x.is_nested for _, x in leaves(td))
+    return any(isinstance(x, Tensor) and x.is_nested for _, x in all_leaves(td))
+
+
+def _key_list(keys: Iterable[Key]) -> str:
+    return "[" + ", ".join(fmt_key(k) for k in keys) + "]"
 
 
 def _cat_nested(td: TensorDictBase, mask_key: Key) -> TensorDict:
+    object_keys = non_tensor_keys(td)
+    if object_keys:
+        raise LayoutError(
+            f"cat_trajectories: a nested input cannot hold non-tensor entries "
+            f"{_key_list(object_keys)} (split_trajectories refuses them in nested output)"
+        )
+
     def values(_: Key, x: Tensor) -> Tensor:
         if x.layout == torch.jagged:
             return x.values()
