@@ -230,3 +230,90 @@ def test_concurrent_writer_and_sampler_stay_consistent() -> None:
         thread.join(timeout=30)
     assert not errors
     assert rb.write_count > 3000  # the writer wrapped the ring while we sampled
+
+
+DUMPER = textwrap.dedent(
+    """
+    import sys
+    from splice.replay import LazyTensorStorage, ReplayBuffer, SliceSampler
+    from splice.testing import SyntheticStream
+
+    path = sys.argv[1]
+
+
+    def build(seed, chunks):
+        rb = ReplayBuffer(
+            storage=LazyTensorStorage(20_000),
+            sampler=SliceSampler(slice_len=4, seed=seed),
+            batch_size=8,
+        )
+        stream = SyntheticStream(
+            4, 20.0, seed=seed, labels=True, first_id=10**6 * seed, first_step=10**7 * seed
+        )
+        for _ in range(chunks):
+            rb.extend(stream.chunk(1000))  # 4,000 steps
+        rb.sample()
+        return rb
+
+
+    buffers = [build(1, 7), build(2, 8)]  # different contents in every file
+    while True:  # dump over each other's dumps, back to back
+        for rb in buffers:
+            rb.dumps(path)
+            print("DUMPED", rb.write_count, flush=True)
+    """
+)
+DUMPERS = 3
+
+
+def test_dumps_killed_at_random_moments_leave_a_whole_dump(tmp_path: Path) -> None:
+    """SIGKILL processes that dump two different buffers over each other at random moments:
+    every directory loads, and holds exactly one of the two buffers (a dump is atomic; an
+    interrupted ``dumps`` used to leave a mixed directory that ``loads`` accepted)."""
+    script = tmp_path / "dumper.py"
+    script.write_text(DUMPER)
+    delays = np.random.default_rng(11).uniform(0.0, 0.3, DUMPERS)
+    procs = []
+    for k in range(DUMPERS):
+        errors = (tmp_path / f"stderr{k}.txt").open("w")
+        proc = subprocess.Popen(
+            [sys.executable, str(script), str(tmp_path / f"dump{k}")],
+            stdout=subprocess.PIPE,
+            stderr=errors,
+            text=True,
+        )
+        procs.append((proc, errors))
+    dumped = [0] * DUMPERS
+    try:
+        for k, (proc, _) in enumerate(procs):
+            assert proc.stdout is not None
+            line = proc.stdout.readline()  # one dump completed: the dumper is going
+            assert line.startswith("DUMPED"), (tmp_path / f"stderr{k}.txt").read_text()
+            threading.Timer(delays[k], proc.send_signal, (signal.SIGKILL,)).start()
+        for k, (proc, _) in enumerate(procs):
+            assert proc.stdout is not None
+            dumped[k] = 1 + sum(1 for _ in proc.stdout)
+            assert proc.wait(timeout=60) == -signal.SIGKILL
+    finally:
+        for proc, errors in procs:
+            proc.kill()
+            proc.wait(timeout=60)
+            if proc.stdout is not None:
+                proc.stdout.close()
+            errors.close()
+    for k in range(DUMPERS):
+        rb = ReplayBuffer(
+            storage=LazyTensorStorage(20_000),
+            sampler=SliceSampler(slice_len=4, as_sequences=True, seed=0),
+            batch_size=40,
+        )
+        rb.loads(tmp_path / f"dump{k}")
+        seed = {28_000: 1, 32_000: 2}[rb.write_count]
+        rows = torch.from_numpy(rb.index.live_rows())
+        g = rb.storage.gather(rows)[("g",)]
+        first = 10**7 * seed + rb.write_count - len(rb)
+        assert g.tolist() == list(range(first, first + len(rb))), (k, dumped[k])
+        assert_slices_contiguous(rb.sample(), live=set(g.tolist()))
+        # What an interrupted dump left is gone after the next one.
+        rb.dumps(tmp_path / f"dump{k}")
+        assert len([p for p in (tmp_path / f"dump{k}").iterdir() if p.is_dir()]) == 1

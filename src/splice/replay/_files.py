@@ -165,7 +165,8 @@ def tensor_to_file(tensor: Tensor, path: Path) -> None:
     """Write the raw bytes of ``tensor`` (any dtype) to ``path``."""
     flat = tensor.detach().to("cpu").contiguous().reshape(-1)
     try:
-        flat.view(torch.uint8).numpy().tofile(path)
+        with open(path, "wb") as f:
+            f.write(memoryview(flat.view(torch.uint8).numpy()))
     except OSError as err:
         raise _os_error(err, path, "cannot write") from err
 
