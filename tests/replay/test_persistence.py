@@ -317,3 +317,91 @@ def test_dumps_killed_at_random_moments_leave_a_whole_dump(tmp_path: Path) -> No
         # What an interrupted dump left is gone after the next one.
         rb.dumps(tmp_path / f"dump{k}")
         assert len([p for p in (tmp_path / f"dump{k}").iterdir() if p.is_dir()]) == 1
+
+
+LOADER = textwrap.dedent(
+    """
+    import sys
+    from splice.replay import LazyMemmapStorage, ReplayBuffer, SliceSampler
+
+    path, dumps = sys.argv[1], sys.argv[2]
+    rb = ReplayBuffer(
+        storage=LazyMemmapStorage(20_000, scratch_dir=path),
+        sampler=SliceSampler(slice_len=4, seed=0),
+        batch_size=8,
+    )
+    while True:  # every operation that rewrites a memory-mapped buffer as a whole
+        for name in ("a", "b"):
+            rb.loads(f"{dumps}/{name}")
+            print("LOADED", name, flush=True)
+        rb.empty()
+        print("EMPTIED", flush=True)
+    """
+)
+LOADERS = 3
+
+
+def test_memmap_loads_killed_at_random_moments_reopens_whole(tmp_path: Path) -> None:
+    """SIGKILL processes that ``loads`` two different dumps into a memory-mapped buffer (and
+    ``empty`` it) at random moments: every directory reopens as one of the two buffers, or
+    empty (a ``loads`` marks every row before it copies, so an interrupted one reopens
+    empty), never a mix; the reopened buffer samples and extends."""
+    contents = {}
+    for seed, name in ((1, "a"), (2, "b")):
+        rb = ReplayBuffer(
+            storage=LazyTensorStorage(20_000), sampler=SliceSampler(slice_len=4, seed=0)
+        )
+        stream = SyntheticStream(
+            4, 20.0, seed=seed, labels=True, first_id=10**6 * seed, first_step=10**7 * seed
+        )
+        for _ in range(6 + seed):
+            rb.extend(stream.chunk(1000))  # 4,000 steps
+        rb.dumps(tmp_path / "dumps" / name)
+        rows = torch.from_numpy(rb.index.live_rows())
+        contents[name] = (rb.write_count, rb.storage.gather(rows)[("g",)].tolist())
+    script = tmp_path / "loader.py"
+    script.write_text(LOADER)
+    delays = np.random.default_rng(5).uniform(0.0, 0.4, LOADERS)
+    procs = []
+    for k in range(LOADERS):
+        errors = (tmp_path / f"stderr{k}.txt").open("w")
+        proc = subprocess.Popen(
+            [sys.executable, str(script), str(tmp_path / f"mm{k}"), str(tmp_path / "dumps")],
+            stdout=subprocess.PIPE,
+            stderr=errors,
+            text=True,
+        )
+        procs.append((proc, errors))
+    ops = [0] * LOADERS
+    try:
+        for k, (proc, _) in enumerate(procs):
+            assert proc.stdout is not None
+            line = proc.stdout.readline()  # one loads completed: the loader is going
+            assert line.startswith("LOADED"), (tmp_path / f"stderr{k}.txt").read_text()
+            threading.Timer(delays[k], proc.send_signal, (signal.SIGKILL,)).start()
+        for k, (proc, _) in enumerate(procs):
+            assert proc.stdout is not None
+            ops[k] = 1 + sum(1 for _ in proc.stdout)
+            assert proc.wait(timeout=60) == -signal.SIGKILL
+    finally:
+        for proc, errors in procs:
+            proc.kill()
+            proc.wait(timeout=60)
+            if proc.stdout is not None:
+                proc.stdout.close()
+            errors.close()
+    for k in range(LOADERS):
+        rb = ReplayBuffer(
+            storage=LazyMemmapStorage(20_000, scratch_dir=tmp_path / f"mm{k}"),
+            sampler=SliceSampler(slice_len=4, as_sequences=True, seed=0),
+            batch_size=40,
+        )
+        rows = torch.from_numpy(rb.index.live_rows())
+        g = rb.storage.gather(rows)[("g",)].tolist() if len(rb) else []
+        if len(rb):
+            assert (rb.write_count, g) in contents.values(), (k, ops[k], rb.write_count)
+            assert_slices_contiguous(rb.sample(), live=set(g))
+        stream = SyntheticStream(4, 20.0, seed=9, labels=True, first_id=10**9, first_step=10**9)
+        before = rb.write_count
+        rb.extend(stream.chunk(30))
+        assert rb.write_count == before + 120 and len(rb) == min(20_000, len(g) + 120)

@@ -166,7 +166,7 @@ def tensor_to_file(tensor: Tensor, path: Path) -> None:
     flat = tensor.detach().to("cpu").contiguous().reshape(-1)
     try:
         with open(path, "wb") as f:
-            f.write(memoryview(flat.view(torch.uint8).numpy()))
+            f.write(flat.view(torch.uint8).numpy().data)
     except OSError as err:
         raise _os_error(err, path, "cannot write") from err
 

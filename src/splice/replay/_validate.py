@@ -179,6 +179,18 @@ def _first(mask: np.ndarray) -> int:
     return int(np.flatnonzero(mask)[0])
 
 
+def _present(ids: np.ndarray, size: int) -> np.ndarray:
+    """Which of ``0 .. size-1`` occur in ``ids`` (all within range): O(n + size), no sort."""
+    mask = np.zeros(size, dtype=bool)
+    mask[ids] = True
+    return mask
+
+
+def _distinct(ids: np.ndarray, size: int) -> bool:
+    """Whether ``ids`` (all in ``[0, size)``) has no repeats: O(n + size), no sort."""
+    return int(np.count_nonzero(_present(ids, size))) == ids.size
+
+
 # ---------------------------------------------------------------------- the index
 def _pool(
     state: PoolState, fields: tuple[str, ...], capacity: int, src: Source, name: str
@@ -227,9 +239,9 @@ def _bijection(
             f"{where}: rows of one {'trajectory' if what == 'slot' else 'segment'} have "
             f"different {what}s (row {rows[a]}: {saved[a]}, row {rows[b]}: {saved[b]})"
         )
-    used_ref = np.unique(ref)
+    used_ref = np.flatnonzero(_present(ref, ref_size))
     used_saved = rename[used_ref]
-    if np.unique(used_saved).size != used_ref.size:
+    if not _distinct(used_saved, saved_size):
         raise ValueError(
             f"{where}: two {'trajectories' if what == 'slot' else 'segments'} share a {what}"
         )
@@ -243,7 +255,7 @@ def _free_list(free: np.ndarray, n_free: int, used: np.ndarray, size: int, where
     ok = (
         listed.size == int(expected.sum())
         and ((listed >= 0) & (listed < size)).all()
-        and np.unique(listed).size == listed.size
+        and _distinct(listed, size)
         and expected[listed].all()
     )
     if not ok:
@@ -532,17 +544,20 @@ def recover_commit(
 
 # ---------------------------------------------------------------------- sampler states
 def check_members(
-    items: object, universe: object, expected: DenseSet, name: str
+    items: object, universe: object, expected: DenseSet, name: str, *, built: bool = True
 ) -> tuple[np.ndarray, int]:
     """Check a saved :class:`~splice.replay._structures.DenseSet` (``name.items``,
     ``name.universe``) against the set a sampler derives from the index: same universe,
-    same members (the saved order is kept: it decides the draws)."""
-    size = int_in(universe, f"{name}.universe", expected.pos.size, expected.pos.size)
+    same members (the saved order is kept: it decides the draws). A set the sampler has not
+    built yet (``built=False``, empty) kept the universe it was made with, which may be
+    smaller than the index's (it grows with the index only once built)."""
+    low = expected.pos.size if built else 0
+    size = int_in(universe, f"{name}.universe", low, expected.pos.size)
     members = int_array(items, f"{name}.items")
     inside = (members >= 0) & (members < size)
     if not inside.all():
         raise ValueError(f"{name}.items: member {members[_first(~inside)]} beyond [0, {size})")
-    if np.unique(members).size != members.size:
+    if not _distinct(members, size):
         raise ValueError(f"{name}.items: repeated members")
     if members.size != len(expected) or not expected.contains(members).all():
         raise ValueError(

@@ -430,8 +430,9 @@ class SliceSampler(Sampler):
             raise ValueError(f"built_len: {length} for slice_len={self.slice_len}")
         self._built_len = None  # a prioritised slice sampler refuses length changes in use
         self._build(None if length < 0 else length)
-        check_members(state.ends.items, state.ends.universe, self._ends, "ends")
-        check_members(state.trajs.items, state.trajs.universe, self._trajs, "trajs")
+        built = length > 0
+        check_members(state.ends.items, state.ends.universe, self._ends, "ends", built=built)
+        check_members(state.trajs.items, state.trajs.universe, self._trajs, "trajs", built=built)
         super().restore(state)
         self._ends.restore(state.ends)
         self._trajs.restore(state.trajs)
