@@ -108,6 +108,45 @@ def test_memmap_reopens_where_it_was(tmp_path: Path) -> None:
         LazyMemmapStorage(50, scratch_dir=path)
 
 
+def kill_at_random_moments(
+    tmp_path: Path, source: str, args: list[list[str]], ready: str, delays: np.ndarray
+) -> list[list[str]]:
+    """Run ``source`` as one process per entry of ``args`` (side by side); once a process
+    has printed its first ``ready`` line, SIGKILL it after its delay. Returns every line each
+    process printed (the first included); each must have died of the SIGKILL."""
+    script = tmp_path / "script.py"
+    script.write_text(source)
+    procs = []
+    for k, extra in enumerate(args):
+        errors = (tmp_path / f"stderr{k}.txt").open("w")
+        proc = subprocess.Popen(
+            [sys.executable, str(script), *extra],
+            stdout=subprocess.PIPE,
+            stderr=errors,
+            text=True,
+        )
+        procs.append((proc, errors))
+    lines: list[list[str]] = [[] for _ in args]
+    try:
+        for k, (proc, _) in enumerate(procs):
+            assert proc.stdout is not None
+            lines[k].append(proc.stdout.readline())  # the process is going
+            assert lines[k][0].startswith(ready), (tmp_path / f"stderr{k}.txt").read_text()
+            threading.Timer(delays[k], proc.send_signal, (signal.SIGKILL,)).start()
+        for k, (proc, _) in enumerate(procs):
+            assert proc.stdout is not None
+            lines[k].extend(proc.stdout)  # until the kill closes the pipe
+            assert proc.wait(timeout=60) == -signal.SIGKILL
+    finally:
+        for proc, errors in procs:
+            proc.kill()
+            proc.wait(timeout=60)
+            if proc.stdout is not None:
+                proc.stdout.close()
+            errors.close()
+    return lines
+
+
 WRITER = textwrap.dedent(
     """
     import sys
@@ -134,38 +173,10 @@ def test_writer_killed_at_random_moments_reopens_at_an_extend_boundary(tmp_path:
     """SIGKILL memory-mapped writers at random moments (several random delays, writers run
     side by side); each directory reopens at the end of an extend, with every extend that
     completed before the kill (its DONE line was printed) kept and no torn row."""
-    script = tmp_path / "writer.py"
-    script.write_text(WRITER)
     delays = np.random.default_rng(7).uniform(0.05, 0.6, KILLS)
-    procs = []
-    for k in range(KILLS):
-        errors = (tmp_path / f"stderr{k}.txt").open("w")
-        proc = subprocess.Popen(
-            [sys.executable, str(script), str(tmp_path / f"mm{k}")],
-            stdout=subprocess.PIPE,
-            stderr=errors,
-            text=True,
-        )
-        procs.append((proc, errors))
-    done = [0] * KILLS
-    try:
-        for k, (proc, _) in enumerate(procs):
-            assert proc.stdout is not None
-            line = proc.stdout.readline()  # the first extend completed: the writer is going
-            assert line.startswith("DONE"), (tmp_path / f"stderr{k}.txt").read_text()
-            threading.Timer(delays[k], proc.send_signal, (signal.SIGKILL,)).start()
-        for k, (proc, _) in enumerate(procs):
-            assert proc.stdout is not None
-            for line in proc.stdout:  # until the kill closes the pipe
-                done[k] = int(line.split()[1])
-            assert proc.wait(timeout=30) == -signal.SIGKILL
-    finally:
-        for proc, errors in procs:
-            proc.kill()
-            proc.wait(timeout=30)
-            if proc.stdout is not None:
-                proc.stdout.close()
-            errors.close()
+    args = [[str(tmp_path / f"mm{k}")] for k in range(KILLS)]
+    lines = kill_at_random_moments(tmp_path, WRITER, args, "DONE", delays)
+    done = [int(out[-1].split()[1]) for out in lines]
     for k in range(KILLS):
         rb = ReplayBuffer(
             storage=LazyMemmapStorage(1000, scratch_dir=tmp_path / f"mm{k}"),
@@ -270,37 +281,9 @@ def test_dumps_killed_at_random_moments_leave_a_whole_dump(tmp_path: Path) -> No
     """SIGKILL processes that dump two different buffers over each other at random moments:
     every directory loads, and holds exactly one of the two buffers (a dump is atomic; an
     interrupted ``dumps`` used to leave a mixed directory that ``loads`` accepted)."""
-    script = tmp_path / "dumper.py"
-    script.write_text(DUMPER)
     delays = np.random.default_rng(11).uniform(0.0, 0.3, DUMPERS)
-    procs = []
-    for k in range(DUMPERS):
-        errors = (tmp_path / f"stderr{k}.txt").open("w")
-        proc = subprocess.Popen(
-            [sys.executable, str(script), str(tmp_path / f"dump{k}")],
-            stdout=subprocess.PIPE,
-            stderr=errors,
-            text=True,
-        )
-        procs.append((proc, errors))
-    dumped = [0] * DUMPERS
-    try:
-        for k, (proc, _) in enumerate(procs):
-            assert proc.stdout is not None
-            line = proc.stdout.readline()  # one dump completed: the dumper is going
-            assert line.startswith("DUMPED"), (tmp_path / f"stderr{k}.txt").read_text()
-            threading.Timer(delays[k], proc.send_signal, (signal.SIGKILL,)).start()
-        for k, (proc, _) in enumerate(procs):
-            assert proc.stdout is not None
-            dumped[k] = 1 + sum(1 for _ in proc.stdout)
-            assert proc.wait(timeout=60) == -signal.SIGKILL
-    finally:
-        for proc, errors in procs:
-            proc.kill()
-            proc.wait(timeout=60)
-            if proc.stdout is not None:
-                proc.stdout.close()
-            errors.close()
+    args = [[str(tmp_path / f"dump{k}")] for k in range(DUMPERS)]
+    dumped = [len(out) for out in kill_at_random_moments(tmp_path, DUMPER, args, "DUMPED", delays)]
     for k in range(DUMPERS):
         rb = ReplayBuffer(
             storage=LazyTensorStorage(20_000),
@@ -359,37 +342,9 @@ def test_memmap_loads_killed_at_random_moments_reopens_whole(tmp_path: Path) -> 
         rb.dumps(tmp_path / "dumps" / name)
         rows = torch.from_numpy(rb.index.live_rows())
         contents[name] = (rb.write_count, rb.storage.gather(rows)[("g",)].tolist())
-    script = tmp_path / "loader.py"
-    script.write_text(LOADER)
     delays = np.random.default_rng(5).uniform(0.0, 0.4, LOADERS)
-    procs = []
-    for k in range(LOADERS):
-        errors = (tmp_path / f"stderr{k}.txt").open("w")
-        proc = subprocess.Popen(
-            [sys.executable, str(script), str(tmp_path / f"mm{k}"), str(tmp_path / "dumps")],
-            stdout=subprocess.PIPE,
-            stderr=errors,
-            text=True,
-        )
-        procs.append((proc, errors))
-    ops = [0] * LOADERS
-    try:
-        for k, (proc, _) in enumerate(procs):
-            assert proc.stdout is not None
-            line = proc.stdout.readline()  # one loads completed: the loader is going
-            assert line.startswith("LOADED"), (tmp_path / f"stderr{k}.txt").read_text()
-            threading.Timer(delays[k], proc.send_signal, (signal.SIGKILL,)).start()
-        for k, (proc, _) in enumerate(procs):
-            assert proc.stdout is not None
-            ops[k] = 1 + sum(1 for _ in proc.stdout)
-            assert proc.wait(timeout=60) == -signal.SIGKILL
-    finally:
-        for proc, errors in procs:
-            proc.kill()
-            proc.wait(timeout=60)
-            if proc.stdout is not None:
-                proc.stdout.close()
-            errors.close()
+    args = [[str(tmp_path / f"mm{k}"), str(tmp_path / "dumps")] for k in range(LOADERS)]
+    ops = [len(out) for out in kill_at_random_moments(tmp_path, LOADER, args, "LOADED", delays)]
     for k in range(LOADERS):
         rb = ReplayBuffer(
             storage=LazyMemmapStorage(20_000, scratch_dir=tmp_path / f"mm{k}"),
