@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import sys
+import threading
+
 import numpy as np
 import pytest
 import torch
@@ -20,6 +23,7 @@ from splice.replay import (
     ReplayBuffer,
     SamplerWithoutReplacement,
     SliceSampler,
+    SliceSamplerWithoutReplacement,
 )
 from splice.testing import SyntheticStream
 
@@ -316,3 +320,133 @@ def test_ids_below_minus_one_are_refused_like_everywhere_else(later: bool) -> No
     with pytest.raises(LayoutError, match="below -1, the first -7 at flat position 1"):
         rb.extend(bad)
     assert len(rb) == (2 if later else 0)
+
+
+# ---------------------------------------------------------------------- issue 11
+def test_len_and_write_count_are_consistent_under_a_concurrent_writer() -> None:
+    """``len()`` and ``write_count`` read under the lock: a writer extending a full buffer is
+    seen before or after each extend, never half-way (``len`` read 500 instead of 1000)."""
+    rb = ReplayBuffer(storage=LazyTensorStorage(1000))
+    chunk = TensorDict({"x": torch.arange(100)}, [100])
+    for _ in range(10):
+        rb.extend(chunk)
+    stop = threading.Event()
+
+    def writer() -> None:
+        while not stop.is_set():
+            rb.extend(chunk)
+
+    thread = threading.Thread(target=writer)
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads as often as possible
+    thread.start()
+    try:
+        first = rb.write_count
+        lengths = np.array([len(rb) for _ in range(200_000)])
+        written = rb.write_count - first
+        counts = np.array([rb.write_count for _ in range(20_000)])
+    finally:
+        stop.set()
+        thread.join(timeout=30)
+        sys.setswitchinterval(switch)
+    assert written > 0  # the writer was writing while len() was read
+    assert (lengths == 1000).all(), np.unique(lengths, return_counts=True)
+    assert (counts % 100 == 0).all() and (np.diff(counts) >= 0).all()
+
+
+@pytest.mark.parametrize(
+    "build, name",
+    [
+        (lambda v: LazyTensorStorage(v), "max_size"),
+        (lambda v: LazyMemmapStorage(v), "max_size"),
+        (lambda v: LazyTensorStorage(10, ndim=v), "ndim"),
+        (lambda v: ReplayBuffer(batch_size=v), "batch_size"),
+        (lambda v: SliceSampler(slice_len=v), "slice_len"),
+        (lambda v: SliceSampler(num_slices=v), "num_slices"),
+        (lambda v: SliceSampler(slice_len=2, burn_in=v), "burn_in"),
+        (lambda v: PrioritizedSampler(v, alpha=1.0, beta=1.0), "max_capacity"),
+        (lambda v: PrioritizedSliceSampler(v, slice_len=2), "max_capacity"),
+    ],
+)
+@pytest.mark.parametrize("value", [True, 4.0, "4"])
+def test_count_arguments_refuse_bools_and_non_integers(build, name: str, value) -> None:
+    with pytest.raises(TypeError, match=name):
+        build(value)
+
+
+def test_wrong_types_are_type_errors() -> None:
+    with pytest.raises(TypeError, match="storage must be a splice Storage, got str"):
+        ReplayBuffer(storage="x")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="sampler must be a splice Sampler"):
+        ReplayBuffer(sampler="x")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="got NoneType"):
+        ReplayBuffer().add(None)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="eta must be a number"):
+        PrioritizedSliceSampler(slice_len=2, eta=True)
+
+
+SAMPLERS_FOR_SIZES = {
+    "random": lambda: RandomSampler(seed=0),
+    "without": lambda: SamplerWithoutReplacement(seed=0),
+    "prioritized": lambda: PrioritizedSampler(200, alpha=0.7, beta=0.5, seed=0),
+    "slice": lambda: SliceSampler(slice_len=2, seed=0),
+    "slice-transition": lambda: SliceSampler(slice_len=2, weighting="transition", seed=0),
+    "slice-without": lambda: SliceSamplerWithoutReplacement(slice_len=2, seed=0),
+    "slice-without-transition": lambda: SliceSamplerWithoutReplacement(
+        slice_len=2, weighting="transition", seed=0
+    ),
+    "prioritized-slice": lambda: PrioritizedSliceSampler(slice_len=2, seed=0),
+}
+
+
+@pytest.mark.parametrize("kind", list(SAMPLERS_FOR_SIZES))
+def test_bad_batch_sizes_are_clear_errors_that_change_nothing(kind: str, buffer_state) -> None:
+    """``sample(0)``, ``sample(-4)``: ``ValueError``; ``sample(True)``, ``sample(2.0)``:
+    ``TypeError``; for every sampler, with no reshuffled epoch or advanced generator."""
+    rb = ReplayBuffer(
+        storage=LazyTensorStorage(200), sampler=SAMPLERS_FOR_SIZES[kind](), batch_size=4
+    )
+    rb.extend(SyntheticStream(2, 5.0, labels=True).chunk(20))
+    rb.sample()  # an epoch under way
+    before = buffer_state(rb)
+    for size in (0, -4):
+        with pytest.raises(ValueError, match="batch_size must be a positive int"):
+            rb.sample(size)
+        with pytest.raises(ValueError, match="batch_size must be a positive int"):
+            rb.sample(batch_size=size)
+    for size in (True, 2.0, "4"):
+        with pytest.raises(TypeError, match="batch_size must be an int"):
+            rb.sample(size)  # type: ignore[arg-type]
+    assert buffer_state(rb) == before
+    with pytest.raises(ValueError, match="batch_size must be a positive int"):
+        ReplayBuffer(sampler=SAMPLERS_FOR_SIZES[kind](), batch_size=0)
+
+
+PRIORITIZED = {
+    "steps": lambda: PrioritizedSampler(100, alpha=1.0, beta=0.5, seed=0),
+    "slices": lambda: PrioritizedSliceSampler(alpha=1.0, beta=0.5, slice_len=4, seed=0),
+}
+
+
+@pytest.mark.parametrize("kind", list(PRIORITIZED))
+@pytest.mark.parametrize("huge", [1e308, sys.float_info.max, 1e306])
+def test_huge_priorities_are_refused_and_sampling_goes_on(
+    kind: str, huge: float, buffer_state
+) -> None:
+    """A priority whose weight could overflow the sum of the buffer's weights (1e308 used to
+    break every later draw) is refused with nothing updated, even the valid priorities of the
+    same call; the limit itself is accepted and sampling stays correct."""
+    rb = ReplayBuffer(storage=LazyTensorStorage(100), sampler=PRIORITIZED[kind](), batch_size=8)
+    rb.extend(SyntheticStream(2, 8.0, labels=True).chunk(40))
+    before = buffer_state(rb)
+    rows = torch.arange(10)
+    with pytest.raises(ValueError, match=r"sampling weight .* above"):
+        rb.update_priority(rows, torch.tensor([1.0] * 9 + [huge], dtype=torch.float64))
+    assert buffer_state(rb) == before
+    # The largest accepted priority: every row may hold it and the sums stay finite.
+    limit = sys.float_info.max / (2 * 100)
+    rb.update_priority(torch.arange(100), torch.full((100,), limit * 0.999, dtype=torch.float64))
+    for _ in range(20):
+        sample, info = rb.sample(return_info=True)
+        assert sample.batch_size == torch.Size([8]) and bool((sample["index"] >= 0).all())
+        assert np.isfinite(np.asarray(info["priority_weight"])).all()

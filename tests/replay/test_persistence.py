@@ -130,6 +130,45 @@ def with_pixels_and_text(batch: TensorDict) -> TensorDict:
     return batch
 
 
+def kill_at_random_moments(
+    tmp_path: Path, source: str, args: list[list[str]], ready: str, delays: np.ndarray
+) -> list[list[str]]:
+    """Run ``source`` as one process per entry of ``args`` (side by side); once a process
+    has printed its first ``ready`` line, SIGKILL it after its delay. Returns every line each
+    process printed (the first included); each must have died of the SIGKILL."""
+    script = tmp_path / "script.py"
+    script.write_text(source)
+    procs = []
+    for k, extra in enumerate(args):
+        errors = (tmp_path / f"stderr{k}.txt").open("w")
+        proc = subprocess.Popen(
+            [sys.executable, str(script), *extra],
+            stdout=subprocess.PIPE,
+            stderr=errors,
+            text=True,
+        )
+        procs.append((proc, errors))
+    lines: list[list[str]] = [[] for _ in args]
+    try:
+        for k, (proc, _) in enumerate(procs):
+            assert proc.stdout is not None
+            lines[k].append(proc.stdout.readline())  # the process is going
+            assert lines[k][0].startswith(ready), (tmp_path / f"stderr{k}.txt").read_text()
+            threading.Timer(delays[k], proc.send_signal, (signal.SIGKILL,)).start()
+        for k, (proc, _) in enumerate(procs):
+            assert proc.stdout is not None
+            lines[k].extend(proc.stdout)  # until the kill closes the pipe
+            assert proc.wait(timeout=60) == -signal.SIGKILL
+    finally:
+        for proc, errors in procs:
+            proc.kill()
+            proc.wait(timeout=60)
+            if proc.stdout is not None:
+                proc.stdout.close()
+            errors.close()
+    return lines
+
+
 WRITER = textwrap.dedent(
     """
     import sys
@@ -163,38 +202,10 @@ def test_writer_killed_at_random_moments_reopens_at_an_extend_boundary(tmp_path:
     """SIGKILL memory-mapped writers at random moments (several random delays, writers run
     side by side); each directory reopens at the end of an extend, with every extend that
     completed before the kill (its DONE line was printed) kept and no torn row."""
-    script = tmp_path / "writer.py"
-    script.write_text(WRITER)
     delays = np.random.default_rng(7).uniform(0.05, 0.6, KILLS)
-    procs = []
-    for k in range(KILLS):
-        errors = (tmp_path / f"stderr{k}.txt").open("w")
-        proc = subprocess.Popen(
-            [sys.executable, str(script), str(tmp_path / f"mm{k}")],
-            stdout=subprocess.PIPE,
-            stderr=errors,
-            text=True,
-        )
-        procs.append((proc, errors))
-    done = [0] * KILLS
-    try:
-        for k, (proc, _) in enumerate(procs):
-            assert proc.stdout is not None
-            line = proc.stdout.readline()  # the first extend completed: the writer is going
-            assert line.startswith("DONE"), (tmp_path / f"stderr{k}.txt").read_text()
-            threading.Timer(delays[k], proc.send_signal, (signal.SIGKILL,)).start()
-        for k, (proc, _) in enumerate(procs):
-            assert proc.stdout is not None
-            for line in proc.stdout:  # until the kill closes the pipe
-                done[k] = int(line.split()[1])
-            assert proc.wait(timeout=30) == -signal.SIGKILL
-    finally:
-        for proc, errors in procs:
-            proc.kill()
-            proc.wait(timeout=30)
-            if proc.stdout is not None:
-                proc.stdout.close()
-            errors.close()
+    args = [[str(tmp_path / f"mm{k}")] for k in range(KILLS)]
+    lines = kill_at_random_moments(tmp_path, WRITER, args, "DONE", delays)
+    done = [int(out[-1].split()[1]) for out in lines]
     for k in range(KILLS):
         rb = ReplayBuffer(
             storage=LazyMemmapStorage(1000, scratch_dir=tmp_path / f"mm{k}"),
@@ -265,3 +276,122 @@ def test_concurrent_writer_and_sampler_stay_consistent() -> None:
         thread.join(timeout=30)
     assert not errors
     assert rb.write_count > 3000  # the writer wrapped the ring while we sampled
+
+
+DUMPER = textwrap.dedent(
+    """
+    import sys
+    from splice.replay import LazyTensorStorage, ReplayBuffer, SliceSampler
+    from splice.testing import SyntheticStream
+
+    path = sys.argv[1]
+
+
+    def build(seed, chunks):
+        rb = ReplayBuffer(
+            storage=LazyTensorStorage(20_000),
+            sampler=SliceSampler(slice_len=4, seed=seed),
+            batch_size=8,
+        )
+        stream = SyntheticStream(
+            4, 20.0, seed=seed, labels=True, first_id=10**6 * seed, first_step=10**7 * seed
+        )
+        for _ in range(chunks):
+            rb.extend(stream.chunk(1000))  # 4,000 steps
+        rb.sample()
+        return rb
+
+
+    buffers = [build(1, 7), build(2, 8)]  # different contents in every file
+    while True:  # dump over each other's dumps, back to back
+        for rb in buffers:
+            rb.dumps(path)
+            print("DUMPED", rb.write_count, flush=True)
+    """
+)
+DUMPERS = 3
+
+
+def test_dumps_killed_at_random_moments_leave_a_whole_dump(tmp_path: Path) -> None:
+    """SIGKILL processes that dump two different buffers over each other at random moments:
+    every directory loads, and holds exactly one of the two buffers (a dump is atomic; an
+    interrupted ``dumps`` used to leave a mixed directory that ``loads`` accepted)."""
+    delays = np.random.default_rng(11).uniform(0.0, 0.3, DUMPERS)
+    args = [[str(tmp_path / f"dump{k}")] for k in range(DUMPERS)]
+    dumped = [len(out) for out in kill_at_random_moments(tmp_path, DUMPER, args, "DUMPED", delays)]
+    for k in range(DUMPERS):
+        rb = ReplayBuffer(
+            storage=LazyTensorStorage(20_000),
+            sampler=SliceSampler(slice_len=4, as_sequences=True, seed=0),
+            batch_size=40,
+        )
+        rb.loads(tmp_path / f"dump{k}")
+        seed = {28_000: 1, 32_000: 2}[rb.write_count]
+        rows = torch.from_numpy(rb.index.live_rows())
+        g = rb.storage.gather(rows)[("g",)]
+        first = 10**7 * seed + rb.write_count - len(rb)
+        assert g.tolist() == list(range(first, first + len(rb))), (k, dumped[k])
+        assert_slices_contiguous(rb.sample(), live=set(g.tolist()))
+        # What an interrupted dump left is gone after the next one.
+        rb.dumps(tmp_path / f"dump{k}")
+        assert len([p for p in (tmp_path / f"dump{k}").iterdir() if p.is_dir()]) == 1
+
+
+LOADER = textwrap.dedent(
+    """
+    import sys
+    from splice.replay import LazyMemmapStorage, ReplayBuffer, SliceSampler
+
+    path, dumps = sys.argv[1], sys.argv[2]
+    rb = ReplayBuffer(
+        storage=LazyMemmapStorage(20_000, scratch_dir=path),
+        sampler=SliceSampler(slice_len=4, seed=0),
+        batch_size=8,
+    )
+    while True:  # every operation that rewrites a memory-mapped buffer as a whole
+        for name in ("a", "b"):
+            rb.loads(f"{dumps}/{name}")
+            print("LOADED", name, flush=True)
+        rb.empty()
+        print("EMPTIED", flush=True)
+    """
+)
+LOADERS = 3
+
+
+def test_memmap_loads_killed_at_random_moments_reopens_whole(tmp_path: Path) -> None:
+    """SIGKILL processes that ``loads`` two different dumps into a memory-mapped buffer (and
+    ``empty`` it) at random moments: every directory reopens as one of the two buffers, or
+    empty (a ``loads`` marks every row before it copies, so an interrupted one reopens
+    empty), never a mix; the reopened buffer samples and extends."""
+    contents = {}
+    for seed, name in ((1, "a"), (2, "b")):
+        rb = ReplayBuffer(
+            storage=LazyTensorStorage(20_000), sampler=SliceSampler(slice_len=4, seed=0)
+        )
+        stream = SyntheticStream(
+            4, 20.0, seed=seed, labels=True, first_id=10**6 * seed, first_step=10**7 * seed
+        )
+        for _ in range(6 + seed):
+            rb.extend(stream.chunk(1000))  # 4,000 steps
+        rb.dumps(tmp_path / "dumps" / name)
+        rows = torch.from_numpy(rb.index.live_rows())
+        contents[name] = (rb.write_count, rb.storage.gather(rows)[("g",)].tolist())
+    delays = np.random.default_rng(5).uniform(0.0, 0.4, LOADERS)
+    args = [[str(tmp_path / f"mm{k}"), str(tmp_path / "dumps")] for k in range(LOADERS)]
+    ops = [len(out) for out in kill_at_random_moments(tmp_path, LOADER, args, "LOADED", delays)]
+    for k in range(LOADERS):
+        rb = ReplayBuffer(
+            storage=LazyMemmapStorage(20_000, scratch_dir=tmp_path / f"mm{k}"),
+            sampler=SliceSampler(slice_len=4, as_sequences=True, seed=0),
+            batch_size=40,
+        )
+        rows = torch.from_numpy(rb.index.live_rows())
+        g = rb.storage.gather(rows)[("g",)].tolist() if len(rb) else []
+        if len(rb):
+            assert (rb.write_count, g) in contents.values(), (k, ops[k], rb.write_count)
+            assert_slices_contiguous(rb.sample(), live=set(g))
+        stream = SyntheticStream(4, 20.0, seed=9, labels=True, first_id=10**9, first_step=10**9)
+        before = rb.write_count
+        rb.extend(stream.chunk(30))
+        assert rb.write_count == before + 120 and len(rb) == min(20_000, len(g) + 120)

@@ -22,35 +22,18 @@ Examples:
 
 from __future__ import annotations
 
-import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 from tensordict.utils import NestedKey
 
+from splice._args import positive_int, require_int
 from splice.envs.infos import InfoKey, InfoKeysLike, parse_info_keys
 from splice.layout import OBSERVATION, TRAJ_FORMATS, TrajFormat, as_key_tuple
 from splice.policies import as_policy
 
 __all__ = ["CollectorSettings", "positive_int", "require_int"]
-
-
-def require_int(name: str, value: Any) -> int:
-    """``value`` as an ``int`` if it is an integer (numpy integers too), else a ``TypeError``
-    naming ``name``; bools are refused (``True`` is not a count)."""
-    if isinstance(value, bool | np.bool_) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
-    return int(value)
-
-
-def positive_int(name: str, value: Any) -> int:
-    """``value`` if it is an int ``>= 1``: ``TypeError`` for a non-integer or a bool,
-    ``ValueError`` for an integer below 1 (each naming ``name``)."""
-    if require_int(name, value) < 1:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-    return int(value)
 
 
 @dataclass(frozen=True)

@@ -203,24 +203,28 @@ class Schema:
             raise ValueError(f"a schema is a list of entries, got {type(items).__name__}")
         entries: dict[Key, tuple[torch.dtype, tuple[int, ...]]] = {}
         objects: list[Key] = []
-        for item in items:
+        for i, item in enumerate(items):
             if not isinstance(item, dict):
-                raise ValueError(f"schema entry {item!r} is not an object")
+                raise ValueError(f"schema entry {i} is not an object: {item!r}")
             key, dtype, shape = item.get("key"), item.get("dtype"), item.get("shape")
-            if dtype == "object" and shape == [] and isinstance(key, list):
-                if not all(isinstance(part, str) for part in key):
-                    raise ValueError(f"bad schema entry {item!r}")
+            if not isinstance(key, list) or not key or not all(isinstance(p, str) for p in key):
+                raise ValueError(f"schema entry {i}: bad key {key!r}")
+            if tuple(key) in entries or tuple(key) in objects:
+                raise ValueError(f"schema entry {i}: key {fmt_key(tuple(key))} appears twice")
+            if dtype == "object" and shape == []:
                 objects.append(tuple(key))
                 continue
-            if (
-                not isinstance(key, list)
-                or not all(isinstance(part, str) for part in key)
-                or not isinstance(shape, list)
-                or not all(isinstance(dim, int) for dim in shape)
-                or not isinstance(getattr(torch, str(dtype), None), torch.dtype)
+            if not isinstance(dtype, str) or not isinstance(
+                getattr(torch, dtype, None), torch.dtype
             ):
-                raise ValueError(f"bad schema entry {item!r}")
-            entries[tuple(key)] = (getattr(torch, str(dtype)), tuple(shape))
+                raise ValueError(
+                    f"schema entry {i} ({fmt_key(tuple(key))}): unknown dtype {dtype!r}"
+                )
+            if not isinstance(shape, list) or not all(
+                isinstance(dim, int) and not isinstance(dim, bool) and dim >= 0 for dim in shape
+            ):
+                raise ValueError(f"schema entry {i} ({fmt_key(tuple(key))}): bad shape {shape!r}")
+            entries[tuple(key)] = (getattr(torch, dtype), tuple(shape))
         return Schema(entries, tuple(objects))
 
 

@@ -139,16 +139,25 @@ class Boundaries:
         if mode not in _MODES:
             raise ValueError(f"boundaries: unknown mode {mode!r}")
         if key is not None and not (
-            isinstance(key, list) and all(isinstance(part, str) for part in key)
+            isinstance(key, list) and key and all(isinstance(part, str) for part in key)
         ):
             raise ValueError(f"boundaries: bad key {key!r}")
-        if not isinstance(open_keys, list):
-            raise ValueError(f"boundaries: bad open_keys {open_keys!r}")
+        if (mode == "stream") != (key is None):
+            raise ValueError(f"boundaries: mode {mode!r} with key {key!r}")
+        if not isinstance(open_keys, list) or not all(
+            not isinstance(k, bool) and isinstance(k, int) and -1 <= k < 1 << 62 for k in open_keys
+        ):
+            raise ValueError(
+                f"boundaries: open_keys must be a list of ints >= -1, got {open_keys!r}"
+            )
+        next_key = as_int(state.get("next_key"), "boundaries: next_key")
+        if not 0 <= next_key < 1 << 62:
+            raise ValueError(f"boundaries: next_key {next_key} out of range")
         return Boundaries(
             mode=str(mode),
             key=None if key is None else tuple(key),
             open_keys=np.asarray(open_keys, dtype=I64),
-            next_key=as_int(state.get("next_key"), "boundaries next_key"),
+            next_key=next_key,
         )
 
 

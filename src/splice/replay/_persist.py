@@ -4,7 +4,13 @@
 numbers, strings and lists (what ``torch.load(weights_only=True)`` accepts);
 ``ReplayBuffer.dumps`` / ``loads`` write it to a directory: raw tensor bytes per column,
 ``.npy`` files (loaded with ``allow_pickle=False``) for the index and sampler arrays, and one
-JSON document, written last and atomically.
+JSON document.
+
+A dump is atomic: the files go to a new subdirectory ``v-<random hex>``, and ``buffer.json``,
+which names that subdirectory, is renamed over the previous one last. A process killed at any
+moment leaves ``buffer.json`` naming a complete dump (the previous or the new one); the
+subdirectories it does not name are deleted by the next ``dumps``. Nothing read back is
+trusted before :mod:`splice.replay._validate` has checked it.
 
 Every tensor key is saved whole (a shared next column rebuilt: the saved form does not depend
 on the storage's layout, and a restore stores it again by the storage's own rule). An object
@@ -14,9 +20,13 @@ per-row lengths, two tensors in a state dict, two raw files on disk.
 
 from __future__ import annotations
 
+import re
+import shutil
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -34,20 +44,22 @@ from splice.replay._files import (
 )
 from splice.replay._objects import decode_text, encode_text
 from splice.replay._state import as_int, flatten, from_tensors, to_tensors, unflatten
+from splice.replay._validate import Source
 from splice.replay.index import IndexState
 from splice.replay.samplers._base import SamplerState
 
 __all__ = [
     "FORMAT",
     "Snapshot",
-    "check_arrays",
     "from_state_dict",
     "read_dir",
     "to_state_dict",
     "write_dir",
 ]
 
-FORMAT = "splice.replay/2"
+FORMAT = "splice.replay/3"
+#: The subdirectories of a dump directory that hold the files of one dump.
+_DATA_DIR = re.compile(r"v-[0-9a-f]{32}")
 
 
 @dataclass
@@ -65,6 +77,7 @@ class Snapshot:
         batch_size: the buffer's default batch size.
         kind: the container the buffer holds (``"tensordict"``, ``"tensor"``, ``"dict"``).
         objects: the storage's object columns in schema order (``[capacity]`` object arrays).
+        source: where it was read from (names the files in error messages).
     """
 
     capacity: int
@@ -77,6 +90,7 @@ class Snapshot:
     batch_size: int | None
     kind: str | None
     objects: list[np.ndarray] = field(default_factory=list)
+    source: Source = field(default_factory=Source)
 
 
 def _encode_objects(snap: Snapshot) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -114,24 +128,42 @@ class _Header:
     kind: str | None
 
 
-def _parse_header(doc: Mapping[str, object], where: str) -> _Header:
+def _parse_header(doc: Mapping[str, object], src: Source) -> _Header:
     if doc.get("format") != FORMAT:
-        raise ValueError(f"{where}: not a saved splice replay buffer (format {FORMAT})")
-    capacity = as_int(doc.get("capacity"), f"{where}: capacity")
+        raise ValueError(
+            f"{src.field('format')}: {doc.get('format')!r} is not a saved splice replay "
+            f"buffer ({FORMAT!r})"
+        )
+    capacity = as_int(doc.get("capacity"), src.field("capacity"))
+    if capacity < 1:
+        raise ValueError(f"{src.field('capacity')}: {capacity} is not a positive int")
     schema_doc, bounds_doc = doc.get("schema"), doc.get("boundaries")
-    schema = None if schema_doc is None else Schema.from_json(schema_doc)
-    bounds = None if bounds_doc is None else Boundaries.from_json(bounds_doc)
+    try:
+        schema = None if schema_doc is None else Schema.from_json(schema_doc)
+    except ValueError as err:
+        raise ValueError(f"{src.field('schema')}: {err}") from err
+    try:
+        bounds = None if bounds_doc is None else Boundaries.from_json(bounds_doc)
+    except ValueError as err:
+        raise ValueError(f"{src.field('boundaries')}: {err}") from err
     config = doc.get("sampler_config")
     if not isinstance(config, dict):
-        raise ValueError(f"{where}: bad sampler_config {config!r}")
+        raise ValueError(f"{src.field('sampler_config')}: expected an object, got {config!r}")
     batch = doc.get("batch_size")
-    batch_size = None if batch is None else as_int(batch, f"{where}: batch_size")
+    batch_size = None if batch is None else as_int(batch, src.field("batch_size"))
     kind = doc.get("kind")
     if kind not in (None, "tensordict", "tensor", "dict"):
-        raise ValueError(f"{where}: bad kind {kind!r}")
+        raise ValueError(f"{src.field('kind')}: unknown kind {kind!r}")
     return _Header(
         capacity, schema, bounds, config, batch_size, None if kind is None else str(kind)
     )
+
+
+def _unflatten_state(cls: type[Any], flat: Mapping[str, object], where: str) -> Any:
+    try:
+        return unflatten(cls, flat)
+    except ValueError as err:
+        raise ValueError(f"{where}: {err}") from err
 
 
 def to_state_dict(snap: Snapshot) -> dict[str, object]:
@@ -156,7 +188,8 @@ def from_state_dict(state: Mapping[str, object], sampler_state: type[SamplerStat
     """
     if not isinstance(state, Mapping):
         raise TypeError(f"a state dict is a mapping, got {type(state).__name__}")
-    head = _parse_header(state, "state dict")
+    src = Source()
+    head = _parse_header(state, src)
     columns, index, sampler = state.get("columns"), state.get("index"), state.get("sampler")
     if not isinstance(columns, list) or not all(isinstance(c, Tensor) for c in columns):
         raise ValueError("state dict: 'columns' must be a list of tensors")
@@ -168,11 +201,12 @@ def from_state_dict(state: Mapping[str, object], sampler_state: type[SamplerStat
         schema=head.schema,
         columns=list(columns),
         boundaries=head.boundaries,
-        index=unflatten(IndexState, from_tensors(index)),
+        index=_unflatten_state(IndexState, from_tensors(index), src.group("index")),
         sampler_config=head.sampler_config,
-        sampler=unflatten(sampler_state, from_tensors(sampler)),
+        sampler=_unflatten_state(sampler_state, from_tensors(sampler), src.group("sampler")),
         batch_size=head.batch_size,
         kind=head.kind,
+        source=src,
     )
 
 
@@ -196,86 +230,82 @@ def _read_objects(items: object) -> list[np.ndarray]:
 
 
 def write_dir(snap: Snapshot, root: Path) -> None:
-    """Write the snapshot under ``root`` (``buffer.json`` last, atomically)."""
+    """Write the snapshot under ``root`` atomically (see the module docs).
+
+    Raises:
+        OSError: a file cannot be written (a full disk): the previous dump in ``root``, if
+            any, is left as it was, and the new files are removed.
+    """
     objects = _encode_objects(snap)
-    (root / "storage").mkdir(parents=True, exist_ok=True)
-    for i, column in enumerate(snap.columns):
-        tensor_to_file(column, root / "storage" / f"col_{i:03d}.bin")
-    for j, (utf8, lengths) in enumerate(objects):
-        tensor_to_file(torch.from_numpy(lengths), root / "storage" / f"obj_{j:03d}.length.bin")
-        tensor_to_file(torch.from_numpy(utf8), root / "storage" / f"obj_{j:03d}.utf8.bin")
-    doc = _header(snap)
-    doc["index"] = save_arrays(root / "index", flatten(snap.index))
-    doc["sampler"] = save_arrays(root / "sampler", flatten(snap.sampler))
-    write_json_atomic(root / "buffer.json", doc)
+    root.mkdir(parents=True, exist_ok=True)
+    name = f"v-{uuid.uuid4().hex}"
+    data = root / name
+    try:
+        (data / "storage").mkdir(parents=True)
+        for i, column in enumerate(snap.columns):
+            tensor_to_file(column, data / "storage" / f"col_{i:03d}.bin")
+        for j, (utf8, lengths) in enumerate(objects):
+            tensor_to_file(torch.from_numpy(lengths), data / "storage" / f"obj_{j:03d}.length.bin")
+            tensor_to_file(torch.from_numpy(utf8), data / "storage" / f"obj_{j:03d}.utf8.bin")
+        doc = _header(snap)
+        doc["data"] = name
+        doc["index"] = save_arrays(data / "index", flatten(snap.index))
+        doc["sampler"] = save_arrays(data / "sampler", flatten(snap.sampler))
+        write_json_atomic(root / "buffer.json", doc)  # the commit
+    except BaseException:
+        shutil.rmtree(data, ignore_errors=True)
+        raise
+    for old in root.iterdir():
+        if old.name != name and _DATA_DIR.fullmatch(old.name) and old.is_dir():
+            shutil.rmtree(old, ignore_errors=True)
 
 
 def read_dir(root: Path, sampler_state: type[SamplerState]) -> Snapshot:
-    """The inverse of :func:`write_dir`.
+    """The inverse of :func:`write_dir`: reads the files ``buffer.json`` names.
 
     Raises:
-        ValueError: not a directory written by :func:`write_dir`, or a malformed file.
+        ValueError: not a directory written by :func:`write_dir`, or a malformed file (the
+            message names it). Semantic checks are :mod:`splice.replay._validate`'s.
     """
     doc = read_json(root / "buffer.json")
-    head = _parse_header(doc, str(root))
+    name = doc.get("data")
+    if not isinstance(name, str) or not _DATA_DIR.fullmatch(name):
+        raise ValueError(f"{root / 'buffer.json'}: data: bad data directory {name!r}")
+    data = root / name
+    src = Source(root, data)
+    head = _parse_header(doc, src)
+    if not data.is_dir():
+        raise ValueError(f"{data}: missing (named by {src.header})")
     columns = []
     if head.schema is not None:
         for i, (dtype, shape) in enumerate(head.schema.entries.values()):
-            path = root / "storage" / f"col_{i:03d}.bin"
-            columns.append(tensor_from_file(path, dtype, (head.capacity, *shape)))
+            path = data / "storage" / f"col_{i:03d}.bin"
+            try:
+                columns.append(tensor_from_file(path, dtype, (head.capacity, *shape)))
+            except FileNotFoundError as err:
+                raise ValueError(f"{path}: missing (named by {src.header})") from err
     parts = []
     for j in range(0 if head.schema is None else len(head.schema.objects)):
-        lengths = tensor_from_file(
-            root / "storage" / f"obj_{j:03d}.length.bin", torch.int64, (head.capacity,)
-        ).numpy()
-        utf8 = np.fromfile(root / "storage" / f"obj_{j:03d}.utf8.bin", dtype=np.uint8)
+        path = data / "storage" / f"obj_{j:03d}.length.bin"
+        try:
+            lengths = tensor_from_file(path, torch.int64, (head.capacity,)).numpy()
+            path = data / "storage" / f"obj_{j:03d}.utf8.bin"
+            utf8 = np.fromfile(path, dtype=np.uint8)
+        except FileNotFoundError as err:
+            raise ValueError(f"{path}: missing (named by {src.header})") from err
         parts.append((utf8, lengths))
-    index, sampler = doc.get("index"), doc.get("sampler")
-    if not isinstance(index, dict) or not isinstance(sampler, dict):
-        raise ValueError(f"{root}: 'index' and 'sampler' must be objects")
+    index = load_arrays(data / "index", doc.get("index"), src.field("index"))
+    sampler = load_arrays(data / "sampler", doc.get("sampler"), src.field("sampler"))
     return Snapshot(
-        objects=_decode_objects(parts, str(root)),
+        objects=_decode_objects(parts, str(data)),
         capacity=head.capacity,
         schema=head.schema,
         columns=columns,
         boundaries=head.boundaries,
-        index=unflatten(IndexState, load_arrays(root / "index", index)),
+        index=_unflatten_state(IndexState, index, src.group("index")),
         sampler_config=head.sampler_config,
-        sampler=unflatten(sampler_state, load_arrays(root / "sampler", sampler)),
+        sampler=_unflatten_state(sampler_state, sampler, src.group("sampler")),
         batch_size=head.batch_size,
         kind=head.kind,
+        source=src,
     )
-
-
-def check_arrays(snap: Snapshot) -> None:
-    """Raise ``ValueError`` if a column does not have the schema's dtype and shape."""
-    if snap.schema is None:
-        if snap.columns:
-            raise ValueError("saved columns without a schema")
-        return
-    if len(snap.columns) != len(snap.schema.entries):
-        raise ValueError(
-            f"saved {len(snap.columns)} columns for a schema of {len(snap.schema.entries)} keys"
-        )
-    for column, (key, (dtype, shape)) in zip(
-        snap.columns, snap.schema.entries.items(), strict=True
-    ):
-        if column.dtype != dtype or tuple(column.shape) != (snap.capacity, *shape):
-            raise ValueError(
-                f"saved column {key}: expected dtype {dtype} and shape "
-                f"{[snap.capacity, *shape]}, got {column.dtype} and {list(column.shape)}"
-            )
-    if len(snap.objects) != len(snap.schema.objects) or any(
-        values.shape != (snap.capacity,) for values in snap.objects
-    ):
-        raise ValueError(
-            f"saved {len(snap.objects)} object columns for {len(snap.schema.objects)} object "
-            f"keys, each of {snap.capacity} rows expected"
-        )
-    index = snap.index
-    for name in ("row_slot", "row_step", "row_seg", "row_key"):
-        size = np.asarray(getattr(index, name)).size
-        if size != snap.capacity:
-            raise ValueError(f"saved index: {name} has {size} rows, not {snap.capacity}")
-    if not 0 <= index.lo <= index.write_count or index.write_count - index.lo > snap.capacity:
-        raise ValueError(f"saved index: bad live range [{index.lo}, {index.write_count})")

@@ -382,11 +382,12 @@ class SumTree:
     Zero-weight leaves are never found.
 
     :meth:`set` recomputes the running sums (and positive minima) of the changed blocks at
-    every level: O(k * FANOUT) per level for k leaves. The running sums of the changed
-    blocks are one flat ``cumsum`` (numpy's ``cumsum`` along short rows is several times
-    slower) minus each block's start, so they carry a rounding error of about 1e-16 times
-    the sum of the blocks changed together: a leaf lighter than that is drawn less often
-    than its weight says, or never.
+    every level: O(k * FANOUT) per level for k leaves. A block's running sums depend on its
+    own children only (a ``cumsum`` along each block), so the tree is the same bits however
+    its leaves were set: a restored tree draws exactly as the saved one, and a light leaf
+    next to a block of heavy ones keeps its weight. (A flat ``cumsum`` over all changed
+    blocks minus each block's start lost every leaf lighter than about 1e-16 times the
+    blocks changed with it, and rounded differently after a restore; it was also slower.)
 
     Examples:
         >>> t = SumTree(40)
@@ -437,8 +438,7 @@ class SumTree:
         blocks = _distinct_sorted(idx // F)
         for depth, prefix in enumerate(self.prefix):
             rows = self.weights[depth].reshape(-1, F)[blocks]
-            running = np.cumsum(rows.ravel()).reshape(rows.shape)
-            running[1:] -= running[:-1, -1:].copy()  # each block from 0
+            running = np.cumsum(rows, axis=1)  # each block from 0, from its leaves only
             prefix[blocks] = running
             self.weights[depth + 1][blocks] = running[:, -1]
             if depth == 0:

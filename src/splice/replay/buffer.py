@@ -30,15 +30,9 @@ from splice.replay._batch import (
     kind_of,
 )
 from splice.replay._boundaries import Boundaries, resolve_boundaries
-from splice.replay._persist import (
-    Snapshot,
-    check_arrays,
-    from_state_dict,
-    read_dir,
-    to_state_dict,
-    write_dir,
-)
+from splice.replay._persist import Snapshot, from_state_dict, read_dir, to_state_dict, write_dir
 from splice.replay._structures import I64
+from splice.replay._validate import check_snapshot
 from splice.replay.index import ReplayIndex
 from splice.replay.samplers import RandomSampler, Sampler
 from splice.replay.storage import CommitState, LazyTensorStorage, Storage
@@ -187,13 +181,17 @@ class ReplayBuffer:
 
     # ------------------------------------------------------------------ size
     def __len__(self) -> int:
-        """Steps currently stored."""
-        return len(self._index)
+        """Steps currently stored (read under the lock: a concurrent ``extend`` is seen
+        entirely or not at all)."""
+        with self._lock:
+            return len(self._index)
 
     @property
     def write_count(self) -> int:
-        """Steps written since creation (or the last ``empty()``), overwritten ones included."""
-        return self._index.write_count
+        """Steps written since creation (or the last ``empty()``), overwritten ones included
+        (read under the lock, as ``len()``)."""
+        with self._lock:
+            return self._index.write_count
 
     @property
     def index(self) -> ReplayIndex:
@@ -218,6 +216,8 @@ class ReplayBuffer:
                 container the buffer holds.
             LayoutError: the batch does not match the buffer's keys, dtypes or shapes, or has
                 no trajectory boundaries a slice sampler could use. The buffer is unchanged.
+            OSError: a memory-mapped storage found no space on its disk (the message names
+                the file). The buffer is unchanged.
         """
         td, kind = as_tensordict(data)
         # Flattening and checking change nothing: done before taking the lock, so that a
@@ -275,17 +275,24 @@ class ReplayBuffer:
             objects = {k: v[n - capacity :] for k, v in objects.items()}
         written = _on_device(written, self.storage.device)
         rows = self._index.rows_for_write(n)
-        # Everything is validated: from here on the write cannot fail half-way.
+        after_bounds = Boundaries(bounds.mode, bounds.key, open_keys, next_key)
+        wc = self._index.write_count + n
+        after = CommitState(
+            wc, max(self._index.lo, wc - capacity), after_bounds.to_json(), kind.value
+        )
+        # Everything is validated. A full disk fails in allocate or stage, before anything
+        # changed; from there on the write cannot fail half-way.
         if first:
             self.storage.allocate(schema)
-            self._kind = kind
+        self.storage.stage(after)
         self.storage.begin_write(rows)
         self.storage.write(int(rows[0]), written, objects)
         report = self._index.write(plan.keys, plan.run_start)
-        bounds.commit(open_keys, next_key)
+        bounds.commit(open_keys, next_key)  # the same object a staged batch saw: no restage
         self._bounds = bounds
+        self._kind = kind
         self.sampler.on_write(report)
-        self.storage.commit(self._commit_state())
+        self.storage.commit(after)
         # The row of every input step: write order -> batch order -> input positions.
         per_step = report.new_rows
         if n > capacity:  # the first steps were overwritten at once by the last ones
@@ -307,22 +314,27 @@ class ReplayBuffer:
         with self._lock:
             return int(self._extend(td.unsqueeze(0), kind)[0])
 
-    def _commit_state(self) -> CommitState:
-        return CommitState(
-            self._index.write_count,
-            self._index.lo,
-            None if self._bounds is None else self._bounds.to_json(),
-            None if self._kind is None else self._kind.value,
-        )
-
     def empty(self) -> None:
-        """Drop every stored step and reset ``write_count`` (allocations are kept)."""
+        """Drop every stored step and reset ``write_count`` (allocations are kept).
+
+        Raises:
+            OSError: a memory-mapped storage cannot write its metadata (a full disk); the
+                buffer is unchanged.
+        """
         with self._lock:
+            bounds = self._bounds
+            after_bounds = None if bounds is None else Boundaries(bounds.mode, bounds.key)
+            after = CommitState(
+                0,
+                0,
+                None if after_bounds is None else after_bounds.to_json(),
+                None if self._kind is None else self._kind.value,
+            )
+            self.storage.stage(after)
             self._index.reset()
-            if self._bounds is not None:
-                self._bounds.reset()
+            self._bounds = after_bounds
             self.sampler.attach(self._index, self.batch_size)
-            self.storage.commit(self._commit_state())
+            self.storage.commit(after)
 
     # ------------------------------------------------------------------ sampling
     @overload
@@ -579,36 +591,47 @@ class ReplayBuffer:
             kind=None if self._kind is None else self._kind.value,
         )
 
-    def _install(self, snap: Snapshot, where: str) -> None:
-        """Validate ``snap`` against this buffer, then make it this buffer's state."""
-        if snap.capacity != self.storage.max_size:
-            raise ValueError(
-                f"{where} holds a buffer of {snap.capacity} steps; this storage has "
-                f"{self.storage.max_size}"
-            )
-        if snap.sampler_config != self.sampler.config():
-            raise ValueError(
-                f"{where} was saved with sampler {snap.sampler_config}, not {self.sampler.config()}"
-            )
-        check_arrays(snap)
-        if snap.schema is not None and self.storage.schema not in (None, snap.schema):
-            raise LayoutError(f"{where} stores other keys than this buffer")
-        live = _live_rows(snap)
-        if snap.schema is not None:
-            saved = dict(zip(snap.schema.objects, snap.objects, strict=True))
-            self.storage.check_write(snap.schema, {k: v[live] for k, v in saved.items()})
+    def _install(self, snap: Snapshot) -> None:
+        """Check everything in ``snap`` against this buffer, then make it this buffer's state:
+        all or nothing."""
         with self._lock:
+            checked = check_snapshot(
+                snap,
+                capacity=self.storage.max_size,
+                schema=self.storage.schema,
+                sampler_config=self.sampler.config(),
+            )
+            try:
+                self.sampler.check_restore(checked, snap.sampler)
+            except (ValueError, TypeError) as err:
+                raise type(err)(f"{snap.source.group('sampler')}: {err}") from err
+            live = np.arange(checked.lo, checked.write_count, dtype=I64) % snap.capacity
+            saved: Objects = {}
             if snap.schema is not None:
-                if self.storage.schema is None:
-                    self.storage.allocate(snap.schema)
+                saved = dict(zip(snap.schema.objects, snap.objects, strict=True))
+                self.storage.check_write(snap.schema, {k: v[live] for k, v in saved.items()})
+            after = CommitState(
+                checked.write_count,
+                checked.lo,
+                None if snap.boundaries is None else snap.boundaries.to_json(),
+                snap.kind,
+            )
+            # Everything is checked. A full disk fails in allocate or stage, before anything
+            # changed; from there on nothing can fail. The storage marks every row first, so
+            # that a process killed while the columns are copied reopens empty, not mixed.
+            if snap.schema is not None and self.storage.schema is None:
+                self.storage.allocate(snap.schema)
+            self.storage.stage(after)
+            self.storage.begin_write(np.arange(self.storage.max_size, dtype=I64))
+            if snap.schema is not None:
                 columns = dict(zip(snap.schema.entries, snap.columns, strict=True))
                 self.storage.load(columns, saved, live)
-            self._index.restore(snap.index)
+            self._index.restore(checked.state())
             self._bounds = snap.boundaries
             self.sampler.attach(self._index, self.batch_size)
             self.sampler.restore(snap.sampler)
             self._kind = kind_of(snap.kind)
-            self.storage.commit(self._commit_state())
+            self.storage.commit(after)
 
     def state_dict(self) -> dict[str, Any]:
         """The whole buffer — data, index, sampler state — as tensors, numbers and strings.
@@ -623,26 +646,52 @@ class ReplayBuffer:
         """Restore :meth:`state_dict` into this buffer (same storage size and sampler
         settings); it then samples exactly as the saved buffer would have.
 
+        Everything is checked before anything changes (as for :meth:`loads`).
+
         Raises:
-            ValueError: not a replay buffer state, or a different size or sampler. The
-                buffer is unchanged.
+            TypeError: not a mapping.
+            ValueError: not a replay buffer state, a different size or sampler, or an entry
+                that is malformed or inconsistent (named in the message). The buffer is
+                unchanged.
+            LayoutError: other keys than this buffer's.
         """
-        self._install(from_state_dict(state_dict, self.sampler.state_type), "the state dict")
+        self._install(from_state_dict(state_dict, self.sampler.state_type))
 
     def dumps(self, path: str | Path) -> None:
         """Save the whole buffer — data, cursor, index, sampler state — under ``path``.
 
-        Tensors are written as raw bytes and index/sampler arrays as ``.npy`` (no pickle);
-        ``buffer.json`` is written last, atomically. A buffer built with the same storage size
-        and sampler settings and restored with :meth:`loads` samples exactly as this one.
+        Tensors are written as raw bytes and index/sampler arrays as ``.npy`` (no pickle).
+        The dump is atomic: the files go to a new subdirectory of ``path`` and
+        ``buffer.json``, which names it, replaces the previous one last; a process killed at
+        any moment leaves the previous dump or the new one, never a mix, and the next
+        ``dumps`` deletes what an interrupted one left. (Against a power cut, ``sync`` the
+        directory afterwards.) One process at a time may write to ``path``. A buffer built
+        with the same storage size and sampler settings and restored with :meth:`loads`
+        samples exactly as this one.
+
+        Raises:
+            OSError: a file cannot be written (a full disk); the previous dump is kept.
         """
         with self._lock:
             write_dir(self._snapshot(), Path(path))
 
     def loads(self, path: str | Path) -> None:
-        """Restore a buffer saved with :meth:`dumps` into this (same-sized, same-sampler) one."""
-        root = Path(path)
-        self._install(read_dir(root, self.sampler.state_type), str(root))
+        """Restore a buffer saved with :meth:`dumps` into this (same-sized, same-sampler) one.
+
+        Nothing read is trusted: the files' sizes, dtypes and every field of ``buffer.json``
+        are checked, the saved index against the stored trajectory keys and those against the
+        stored ids (or end flags), the sampler's saved sets, trees and epochs against the
+        index — all before anything changes.
+
+        Raises:
+            ValueError: not a dump, a different size or sampler, or a file or field that is
+                malformed or inconsistent (the message names the file and the field). The
+                buffer is unchanged.
+            LayoutError: other keys than this buffer's.
+            OSError: a missing ``buffer.json``, or no space to allocate a memory-mapped
+                storage.
+        """
+        self._install(read_dir(Path(path), self.sampler.state_type))
 
 
 @dataclass(frozen=True)
@@ -655,12 +704,6 @@ class _Staged:
     bounds: Boundaries
     batch: FlatBatch
     schema: Schema
-
-
-def _live_rows(snap: Snapshot) -> np.ndarray:
-    """The rows of a snapshot's live data, oldest first."""
-    lo, count = snap.index.lo, snap.index.write_count
-    return np.arange(lo, count, dtype=I64) % snap.capacity
 
 
 def _key(key: NestedKey | None) -> Key | None:

@@ -3,7 +3,9 @@
 * :class:`LazyTensorStorage` keeps the rows in memory (optionally on a device);
 * :class:`LazyMemmapStorage` keeps them in memory-mapped files under ``scratch_dir`` and is
   crash safe: a process killed in the middle of ``extend`` leaves a directory that reopens at
-  its last completed extend.
+  its last completed extend. Its files are preallocated, so a full disk is an ``OSError``
+  before anything changed (never a ``SIGBUS``), and a directory is checked before it is
+  trusted on reopening.
 
 A storage holds three kinds of column:
 
@@ -23,6 +25,7 @@ memory-mapped buffer can rebuild it on reopening.
 from __future__ import annotations
 
 import math
+import os
 import shutil
 import tempfile
 import weakref
@@ -35,14 +38,17 @@ import torch
 from tensordict.utils import NestedKey
 from torch import Tensor
 
+from splice._args import positive_int, require_int
 from splice._gather import put_rows, take_rows_of
 from splice.layout import NEXT, Key, LayoutError, as_key_tuple, fmt_key
-from splice.replay._batch import Columns, Objects, Schema
+from splice.replay._batch import Columns, Objects, Schema, kind_of
+from splice.replay._boundaries import Boundaries
 from splice.replay._dedup import NO_VALUE, SharedNext, resize_in_memory
-from splice.replay._files import file_tensor, read_json, write_json_atomic
+from splice.replay._files import file_tensor, read_json, stage_json, write_json_atomic
 from splice.replay._objects import TextLog, check_text
 from splice.replay._state import as_int
 from splice.replay._structures import I64
+from splice.replay._validate import check_keys, recover_commit
 
 __all__ = ["CommitState", "LazyMemmapStorage", "LazyTensorStorage", "Storage"]
 
@@ -73,21 +79,29 @@ class CommitState:
         }
 
     @staticmethod
-    def from_json(doc: object) -> CommitState:
-        """The inverse of :meth:`to_json`.
+    def from_json(doc: object, where: str = "commit state") -> CommitState:
+        """The inverse of :meth:`to_json` (types checked; ranges are the caller's).
 
         Raises:
-            ValueError: not a document written by :meth:`to_json`.
+            ValueError: not a document written by :meth:`to_json` (named by ``where``).
         """
         if not isinstance(doc, dict):
-            raise ValueError(f"commit state: expected an object, got {type(doc).__name__}")
+            raise ValueError(f"{where}: expected an object, got {type(doc).__name__}")
         bounds, kind = doc.get("boundaries"), doc.get("kind")
-        if bounds is not None and not isinstance(bounds, dict):
-            raise ValueError(f"commit state: bad boundaries {bounds!r}")
-        if kind is not None and not isinstance(kind, str):
-            raise ValueError(f"commit state: bad kind {kind!r}")
+        if bounds is not None:
+            try:
+                Boundaries.from_json(bounds)
+            except ValueError as err:
+                raise ValueError(f"{where}.boundaries: {err}") from err
+        try:
+            kind_of(kind if kind is None or isinstance(kind, str) else repr(kind))
+        except ValueError as err:
+            raise ValueError(f"{where}.kind: unknown kind {kind!r}") from err
         return CommitState(
-            as_int(doc.get("write_count"), "write_count"), as_int(doc.get("lo"), "lo"), bounds, kind
+            as_int(doc.get("write_count"), f"{where}.write_count"),
+            as_int(doc.get("lo"), f"{where}.lo"),
+            bounds,
+            kind,
         )
 
 
@@ -141,9 +155,8 @@ class Storage:
         ndim: int = 1,
         dedup_next: DedupNext = True,
     ) -> None:
-        if not isinstance(max_size, int) or max_size < 1:
-            raise ValueError(f"max_size must be a positive int, got {max_size!r}")
-        if ndim != 1:
+        max_size = positive_int("max_size", max_size)
+        if require_int("ndim", ndim) != 1:
             raise ValueError(
                 f"ndim={ndim!r}: splice storages keep one step per row (ndim=1); a [B, T] "
                 "batch is stored env-major and trajectories are tracked by the buffer's index"
@@ -359,11 +372,17 @@ class Storage:
         self.objects[key][:] = values
 
     # ------------------------------------------------------------------ durability hooks
+    def stage(self, state: CommitState) -> None:
+        """Called before a write changes anything, with the state :meth:`commit` will receive
+        after it. Memory-mapped storages write their metadata here (to a temporary file), so
+        that a full disk fails (``OSError``) while the buffer is still unchanged."""
+
     def begin_write(self, rows: np.ndarray) -> None:
         """Called before rows are overwritten (memory-mapped storages mark them)."""
 
     def commit(self, state: CommitState) -> None:
-        """Called after a complete write with the buffer's small bookkeeping state."""
+        """Called after a complete write with the buffer's small bookkeeping state (the one
+        given to :meth:`stage`)."""
 
     def recovered(self) -> CommitState | None:
         """State to reopen from (memory-mapped storages with existing data), else None."""
@@ -420,11 +439,22 @@ class LazyMemmapStorage(Storage):
     interrupted extend was overwriting (the oldest ones of a full buffer) are dropped, as that
     extend was about to drop them anyway.
 
+    Passing the ``scratch_dir`` of an existing buffer reopens it (same ``max_size``, and the
+    same ``dedup_next`` if given; left out, the directory's layout is used). The
+    directory is checked first: ``meta.json`` (every field's type and range), each file's
+    size, the write sequence numbers of the rows against the committed state, and the rows'
+    trajectory keys against the stored ids or end flags; anything inconsistent is a
+    ``ValueError`` that names the file and the field.
+
+    The files are preallocated when they are created (and their blocks reserved when they are
+    reopened): on a full disk, the constructor or the first ``extend`` raises an ``OSError``
+    naming the file, and the metadata of every extend is written to a temporary file before
+    the extend changes anything, so a disk that fills up later makes an ``extend`` raise
+    ``OSError`` with the buffer unchanged, instead of killing the process with ``SIGBUS``.
+
     Non-tensor entries are stored as text (``str`` or ``None`` values; anything else is
     refused by name, before anything is written): no pickle is used.
 
-    Passing the ``scratch_dir`` of an existing buffer reopens it (same ``max_size``, and the
-    same ``dedup_next`` if given; left out, the directory's layout is used).
     In-place writes (``rb[i] = ...``, ``set_at_``, ``update_``) go straight to the files and
     are not crash atomic: a process killed in the middle may leave those rows half updated.
 
@@ -495,6 +525,7 @@ class LazyMemmapStorage(Storage):
         self._seq = 0
         self._meta: dict[str, object] | None = None
         self._commit: CommitState | None = None
+        self._staged: tuple[CommitState, dict[str, object], Path] | None = None
         self._cleaned = False
         self._maps: dict[str, np.memmap] = {}
         self._logs: dict[Key, TextLog] = {}
@@ -567,22 +598,53 @@ class LazyMemmapStorage(Storage):
         return {"gen": as_int(state.get("gen"), where), "size": as_int(state.get("size"), where)}
 
     def _open(self) -> None:
+        """Map the files of an existing directory and check them (see the class docs)."""
+        where = str(self._meta_path)
         meta = read_json(self._meta_path)
         if meta.get("format") not in self.FORMATS:
-            raise ValueError(f"{self._meta_path}: not a splice memmap storage")
-        if meta["capacity"] != self.max_size:
             raise ValueError(
-                f"{self.scratch_dir} holds a storage of max_size {meta['capacity']}, "
-                f"not {self.max_size}"
+                f"{where}: format {meta.get('format')!r} is not a splice memmap storage "
+                f"({self.FORMAT!r})"
             )
-        self._meta = meta
+        capacity = as_int(meta.get("capacity"), f"{where}: capacity")
+        if capacity != self.max_size:
+            raise ValueError(
+                f"{self.scratch_dir} holds a storage of max_size {capacity}, not {self.max_size}"
+            )
+        schema_json = meta.get("schema")
+        schema = None
+        if schema_json is not None:
+            try:
+                schema = Schema.from_json(schema_json)
+            except ValueError as err:
+                raise ValueError(f"{where}: schema: {err}") from err
+        commit = CommitState.from_json(meta.get("buffer"), f"{where}: buffer")
+        self._meta = meta  # the text logs' states, read while the columns are mapped
         self.row_key = self._index_file("rows_key.bin", create=False)
         self.row_seq = self._index_file("rows_seq.bin", create=False)
-        schema = meta.get("schema")
         if schema is not None:
-            self._open_columns(Schema.from_json(schema), meta.get("shared", []))
-        self._seq = as_int(meta.get("seq"), f"{self._meta_path}: seq")
-        self._commit = CommitState.from_json(meta.get("buffer"))
+            self._open_columns(schema, meta.get("shared", []))
+        write_count, lo, self._seq = recover_commit(
+            commit.write_count,
+            commit.lo,
+            meta.get("seq"),
+            np.asarray(self.row_seq),
+            meta_where=where,
+            seq_where=str(self.scratch_dir / "rows_seq.bin"),
+        )
+        bounds = None if commit.boundaries is None else Boundaries.from_json(commit.boundaries)
+        if write_count > lo and (self.schema is None or commit.kind is None):
+            raise ValueError(f"{where}: rows are stored but there is no schema or kind")
+        check_keys(
+            np.asarray(self.row_key),
+            lo,
+            write_count,
+            bounds,
+            self.columns,
+            keys_where=str(self.scratch_dir / "rows_key.bin"),
+            column_where=self._column_files(),
+        )
+        self._commit = CommitState(write_count, lo, commit.boundaries, commit.kind)
 
     def _open_columns(self, schema: Schema, stored: object) -> None:
         if not isinstance(stored, list) or not all(isinstance(k, list) for k in stored):
@@ -604,18 +666,21 @@ class LazyMemmapStorage(Storage):
         finally:
             self._opening = False
 
+    def _column_files(self) -> dict[tuple[str, ...], str]:
+        if self.schema is None:
+            return {}
+        return {
+            key: str(self.scratch_dir / f"col_{i:03d}.bin")
+            for i, key in enumerate(self.schema.entries)
+        }
+
     def recovered(self) -> CommitState | None:
-        """The last committed state, with the rows of an interrupted extend dropped; the
-        storage's own bookkeeping (text logs, free pool slots) is rebuilt to match it."""
+        """The last committed state (checked on opening), with the rows of an interrupted
+        extend dropped; the storage's own bookkeeping (text logs, free pool slots) is rebuilt
+        to match it."""
         state = self._commit
         if state is None:
             return None
-        rows = np.arange(state.lo, state.write_count, dtype=I64) % self.max_size
-        torn = np.flatnonzero(self.row_seq[rows] > self._seq)
-        if torn.size:
-            # An interrupted extend was overwriting the oldest rows: drop up to the last one.
-            lo = state.lo + int(torn[-1]) + 1
-            state = CommitState(state.write_count, lo, state.boundaries, state.kind)
         live = np.arange(state.lo, state.write_count, dtype=I64) % self.max_size
         for pair in self.shared.values():
             pair.recover(live)
@@ -636,19 +701,32 @@ class LazyMemmapStorage(Storage):
         # a torn write and is dropped on reopening.
         self.row_seq[rows] = self._seq + 1
 
-    def commit(self, state: CommitState) -> None:
-        self._seq += 1
-        meta: dict[str, object] = {
+    def _meta_doc(self, state: CommitState, seq: int) -> dict[str, object]:
+        return {
             "format": self.FORMAT,
             "capacity": self.max_size,
             "schema": None if self.schema is None else self.schema.to_json(),
             "shared": [list(k) for k in self.shared],
             "text": [log.committed() for log in self._logs.values()],
-            "seq": self._seq,
+            "seq": seq,
             "buffer": state.to_json(),
         }
-        write_json_atomic(self._meta_path, meta)
-        self._meta = meta
+
+    def stage(self, state: CommitState) -> None:
+        self._check_usable()
+        doc = self._meta_doc(state, self._seq + 1)
+        self._staged = (state, doc, stage_json(self._meta_path, doc))
+
+    def commit(self, state: CommitState) -> None:
+        staged, self._staged = self._staged, None
+        if staged is not None and staged[0] == state and not self._logs:
+            doc, tmp = staged[1], staged[2]
+        else:
+            doc = self._meta_doc(state, self._seq + 1)
+            tmp = stage_json(self._meta_path, doc)
+        os.replace(tmp, self._meta_path)
+        self._seq += 1
+        self._meta = doc
         self._commit = state
         for log in self._logs.values():
             log.remove_stale()
@@ -690,8 +768,20 @@ class LazyMemmapStorage(Storage):
             raise RuntimeError(f"the storage in {self.scratch_dir} was cleaned up")
 
     def allocate(self, schema: Schema) -> None:
+        """Create (and preallocate) one file per key; on failure (a full disk: ``OSError``
+        naming the file) the files created are removed and the storage stays unallocated."""
         self._check_usable()
-        super().allocate(schema)
+        before = set(self._maps)
+        try:
+            super().allocate(schema)
+        except BaseException:
+            created = set(self._maps) - before
+            for name in created:
+                del self._maps[name]
+            if not self._opening:  # remove what this call created (never a reopened file)
+                for name in created | {f"col_{i:03d}.bin" for i in range(len(schema.entries))}:
+                    (self.scratch_dir / name).unlink(missing_ok=True)
+            raise
 
     def check_write(self, schema: Schema, objects: Objects) -> None:
         super().check_write(schema, objects)
@@ -716,7 +806,17 @@ class LazyMemmapStorage(Storage):
             check_text(values, key, "LazyMemmapStorage")
         super().set_rows(rows, columns, objects)
         if objects and self._commit is not None:
-            self.commit(self._commit)  # the text log grew: record its new size
+            self._record_text_logs()
+
+    def _record_text_logs(self) -> None:
+        """Rewrite ``meta.json`` with the text logs' new sizes after an in-place write (the
+        same commit and write sequence number: no rows were appended)."""
+        assert self._commit is not None
+        doc = self._meta_doc(self._commit, self._seq)
+        os.replace(stage_json(self._meta_path, doc), self._meta_path)
+        self._meta = doc
+        for log in self._logs.values():
+            log.remove_stale()
 
     def gather(self, rows: Tensor) -> Columns:
         self._check_usable()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
@@ -10,6 +11,7 @@ import numpy as np
 import torch
 from tensordict.utils import NestedKey
 
+from splice._args import positive_int
 from splice.layout import IS_INIT, TRUNCATED, Key, as_key_tuple
 from splice.replay._state import flatten, from_tensors, to_tensors, unflatten
 from splice.replay._structures import I64
@@ -137,7 +139,10 @@ class Sampler:
     4. :meth:`update_priority` ``(rows, priority)`` — on ``rb.update_priority``; ignored by
        default.
     5. After ``attach``, when restoring: :meth:`restore` ``(state)`` with what :meth:`state`
-       returned (a :class:`SamplerState` subclass named by :attr:`state_type`).
+       returned (a :class:`SamplerState` subclass named by :attr:`state_type`). A state read
+       from a file or a state dict is checked first, before the buffer changes anything:
+       :meth:`check_restore` restores it into a detached copy of the sampler, so
+       :meth:`restore` must raise ``ValueError`` for a state that does not fit the index.
 
     The buffer also reads :attr:`needs_trajectories`, :attr:`traj_key` and :attr:`end_key`
     (which data delimits trajectories, decided at the first write), calls
@@ -245,9 +250,10 @@ class Sampler:
         """
 
     def check_batch_size(self, batch_size: int) -> None:
-        """Raise ``ValueError`` if this sampler cannot draw batches of ``batch_size``."""
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+        """Raise if this sampler cannot draw batches of ``batch_size``: ``TypeError`` for
+        something else than an int (a bool included), ``ValueError`` for a value it cannot
+        draw (below 1 here; subclasses add their own rules). Nothing changes either way."""
+        positive_int("batch_size", batch_size)
 
     def empty_error(self) -> RuntimeError:
         """The error to raise when asked to draw from an empty buffer (TorchRL's wording)."""
@@ -278,17 +284,53 @@ class Sampler:
         return SamplerState(self.generator.get_state().numpy().copy(), self.ran_out)
 
     def restore(self, state: SamplerState) -> None:
-        """Load :meth:`state` (after :meth:`attach` to an identical index)."""
-        self.generator.set_state(torch.from_numpy(np.asarray(state.rng, dtype=np.uint8)))
+        """Load :meth:`state` (after :meth:`attach` to an identical index).
+
+        Raises:
+            ValueError: the state does not fit (here: a generator state of the wrong size);
+                subclasses check their own structures against the index.
+        """
+        rng = np.asarray(state.rng)
+        size = self.generator.get_state().numel()
+        if rng.dtype != np.uint8 or rng.shape != (size,):
+            raise ValueError(
+                f"rng: expected {size} uint8 values (a generator state), got {rng.dtype} of "
+                f"shape {list(rng.shape)}"
+            )
+        probe = torch.Generator(device=self.generator.device)
+        try:
+            probe.set_state(torch.from_numpy(rng.copy()))
+        except RuntimeError as err:
+            raise ValueError(f"rng: not a generator state ({err})") from err
+        self.generator.set_state(torch.from_numpy(rng.copy()))
         self.ran_out = state.ran_out
+
+    def check_restore(self, index: ReplayIndex, state: SamplerState) -> None:
+        """Raise if ``state`` cannot be restored on ``index``, changing nothing.
+
+        A buffer calls it before ``loads``/``load_state_dict`` change anything. The default
+        attaches a detached copy of this sampler to ``index`` and restores ``state`` into it;
+        so a :meth:`restore` that raises ``ValueError`` for a state that does not fit its
+        index is all a sampler needs.
+
+        Raises:
+            ValueError: the state does not fit the index.
+            TypeError: a state of another sampler type.
+        """
+        trial = copy.deepcopy(self, {id(self._index): None})
+        trial._index = None
+        trial.attach(index, self._default_batch)
+        trial.restore(state)
 
     def state_dict(self) -> dict[str, object]:
         """:meth:`state` as a flat dict of tensors and numbers (``torch.save``-able)."""
         return to_tensors(flatten(self.state()))
 
     def load_state_dict(self, state_dict: Mapping[str, object]) -> None:
-        """The inverse of :meth:`state_dict`."""
-        self.restore(unflatten(self.state_type, from_tensors(state_dict)))
+        """The inverse of :meth:`state_dict` (checked first: on error nothing changes)."""
+        state = unflatten(self.state_type, from_tensors(state_dict))
+        self.check_restore(self.index, state)
+        self.restore(state)
 
 
 class RandomSampler(Sampler):

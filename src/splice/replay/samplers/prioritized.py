@@ -10,7 +10,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from splice._args import positive_int
 from splice.replay._structures import I64, SumTree, SumTreeState, as_i64, last_of_each
+from splice.replay._validate import check_weights, float_array, int_array, weight_limit
 from splice.replay.index import ReplayIndex, WriteReport
 from splice.replay.samplers._base import Draw, Sampler, SamplerState, expect_state
 from splice.replay.samplers.slice import SliceSampler, SliceSamplerState
@@ -49,13 +51,15 @@ def _live_updates(
 
     Raises:
         ValueError: a priority that is negative or not finite.
-        IndexError: a row beyond the storage.
+        IndexError: a row beyond the storage, or below -1.
     """
     rows, priority = as_i64(rows), np.asarray(priority, dtype=np.float64).reshape(-1)
     if not np.isfinite(priority).all() or (priority < 0).any():
         raise ValueError("priorities must be finite and >= 0")
-    if rows.size and rows.max() >= index.capacity:
-        raise IndexError(f"index out of range for a storage of {index.capacity} rows")
+    if rows.size and (rows.max() >= index.capacity or rows.min() < -1):
+        raise IndexError(
+            f"index out of range for a storage of {index.capacity} rows (-1 is padding)"
+        )
     keep = rows >= 0
     rows, priority = rows[keep], priority[keep]
     keep = index.row_slot[rows] >= 0
@@ -83,6 +87,11 @@ class PrioritizedSampler(Sampler):
     Draws and updates go through a sum tree (``SumTree``: blocks of 32 rows under a top of
     block sums) over the storage rows, in whole-array numpy calls: O(batch) per draw plus,
     after a change, one running sum over the top (31,250 numbers for a million rows).
+
+    A priority whose weight ``(p + eps) ** alpha`` exceeds ``float_max / (2 * capacity)`` (so
+    that the weights of the whole buffer could not sum to a finite number) is refused with a
+    ``ValueError``, as a negative or non-finite one is; the update is then not applied at all
+    and the sampler goes on as before.
 
     Args:
         max_capacity: the storage size (checked when the buffer is built).
@@ -133,6 +142,8 @@ class PrioritizedSampler(Sampler):
         self.alpha, self.beta, self.eps = _check_per(alpha, beta, eps)
         if reduction not in _REDUCTIONS:
             raise ValueError(f"reduction must be one of {_REDUCTIONS}, got {reduction!r}")
+        if max_capacity is not None:
+            max_capacity = positive_int("max_capacity", max_capacity)
         self.max_capacity = max_capacity
         self.reduction = reduction
         self.max_priority = 1.0
@@ -182,8 +193,11 @@ class PrioritizedSampler(Sampler):
         rows, priority = _live_updates(self.index, rows, priority)
         if rows.size == 0:
             return
+        with np.errstate(over="ignore"):
+            value = self._value(priority)
+        check_weights(priority, value, weight_limit(self.index.capacity))
         self.max_priority = max(self.max_priority, float(priority.max()))
-        self._tree.set(rows, self._value(priority))
+        self._tree.set(rows, value)
 
     def priority(self, rows: np.ndarray) -> np.ndarray:
         """The stored (transformed) priorities ``(p + eps) ** alpha`` at ``rows``."""
@@ -201,9 +215,24 @@ class PrioritizedSampler(Sampler):
         )
 
     def restore(self, state: SamplerState) -> None:
+        """Load :meth:`state`: the weights must be finite, within the limit, and 0 at every
+        row that holds no step.
+
+        Raises:
+            ValueError: naming the entry that does not fit.
+        """
         state = expect_state(state, PrioritizedSamplerState)
+        index = self.index
+        limit = weight_limit(index.capacity)
+        leaves = float_array(state.tree.leaves, "tree.leaves", index.capacity, limit)
+        empty = np.ones(index.capacity, dtype=bool)
+        empty[index.live_rows()] = False
+        if (leaves[empty] > 0).any():
+            raise ValueError("tree.leaves: a row that holds no step has a positive weight")
+        with np.errstate(over="ignore"):
+            check_weights(np.array([state.max_priority]), self._value(state.max_priority), limit)
         super().restore(state)
-        self._tree.restore(state.tree)
+        self._tree.restore(SumTreeState(leaves))
         self.max_priority = state.max_priority
 
 
@@ -238,6 +267,10 @@ class PrioritizedSliceSampler(SliceSampler):
     Slices are drawn per position, and the slice length is fixed (the one of the buffer's
     ``batch_size``). With ``strict_length=False``, trajectories shorter than ``slice_len``
     are sampled whole, as one slice each (TorchRL's rule, as :class:`SliceSampler`).
+
+    A priority ``p`` with ``p + eps`` or ``(p + eps) ** alpha`` above
+    ``float_max / (2 * capacity)`` (sums over the buffer could overflow) is refused with a
+    ``ValueError``, and the update is not applied at all.
 
     Args:
         max_capacity: accepted for TorchRL compatibility; must equal the storage size if
@@ -282,8 +315,12 @@ class PrioritizedSliceSampler(SliceSampler):
             raise TypeError("PrioritizedSliceSampler has no without-replacement variant")
         super().__init__(weighting="transition", **kwargs)
         self.alpha, self.beta, self.eps = _check_per(alpha, beta, eps)
-        if isinstance(eta, bool) or not isinstance(eta, int | float) or not 0 <= eta <= 1:
+        if isinstance(eta, bool) or not isinstance(eta, int | float):
+            raise TypeError(f"eta must be a number, got {type(eta).__name__}")
+        if not 0 <= eta <= 1:
             raise ValueError(f"eta must be in [0, 1], got {eta!r}")
+        if max_capacity is not None:
+            max_capacity = positive_int("max_capacity", max_capacity)
         self.max_capacity = max_capacity
         self.eta = float(eta)
         self._tree = SumTree(1)
@@ -404,7 +441,12 @@ class PrioritizedSliceSampler(SliceSampler):
         rows, prio = _live_updates(self.index, idx, np.broadcast_to(prio, idx.shape))
         if rows.size == 0 or self._built_len is None:
             return
+        limit = weight_limit(self.index.capacity)
+        given = prio
         prio = prio + self.eps
+        check_weights(given, prio, limit)  # the mean of a slice sums step priorities
+        with np.errstate(over="ignore"):
+            check_weights(given, prio**self.alpha, limit)
         self._step_priority[rows] = prio
         self.max_priority = max(self.max_priority, float(prio.max()))
         self._rescore(rows, self._built_len)
@@ -453,9 +495,41 @@ class PrioritizedSliceSampler(SliceSampler):
         )
 
     def restore(self, state: SamplerState) -> None:
+        """Load :meth:`state`: the slice structures are rebuilt from the index for the saved
+        length (see :meth:`SliceSampler.restore`); the saved weights must be finite, within
+        the limit and 0 wherever no slice ends, the short-slice ends those of the index.
+
+        Raises:
+            ValueError: naming the entry that does not fit.
+        """
         state = expect_state(state, PrioritizedSliceState)
-        super().restore(state)
-        self._tree.restore(state.tree)
-        self._step_priority = np.asarray(state.step_priority, dtype=np.float64).copy()
+        super().restore(state)  # builds the tree and short ends the index implies
+        capacity = self.index.capacity
+        limit = weight_limit(capacity)
+        leaves = float_array(state.tree.leaves, "tree.leaves", capacity, limit)
+        no_slice = self._tree.get(np.arange(capacity, dtype=I64)) == 0
+        if (leaves[no_slice] > 0).any():
+            i = int(np.flatnonzero(no_slice & (leaves > 0))[0])
+            raise ValueError(f"tree.leaves: row {i} has a weight but no slice ends there")
+        steps = float_array(state.step_priority, "step_priority", capacity, limit)
+        with np.errstate(over="ignore"):
+            check_weights(np.array([state.max_priority]), np.array([state.max_priority]), limit)
+            check_weights(
+                np.array([state.max_priority]),
+                np.array([state.max_priority]) ** self.alpha,
+                limit,
+            )
+        short = int_array(state.short_end, "short_end")
+        built = self._short_end
+        expected = np.full(max(short.size, built.size), -1, dtype=I64)
+        expected[: built.size] = built
+        if (
+            short.size > built.size
+            or not np.array_equal(short, expected[: short.size])
+            or (expected[short.size :] != -1).any()
+        ):
+            raise ValueError("short_end: not the short-slice ends the index implies")
+        self._tree.restore(SumTreeState(leaves))
+        self._step_priority = steps
         self.max_priority = state.max_priority
-        self._short_end = np.asarray(state.short_end, dtype=I64).copy()
+        self._short_end = short

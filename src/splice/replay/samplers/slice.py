@@ -19,8 +19,10 @@ import numpy as np
 import torch
 from tensordict.utils import NestedKey
 
+from splice._args import non_negative_int, positive_int
 from splice.layout import IS_INIT, TRUNCATED, Key, as_key_tuple
 from splice.replay._structures import EMPTY, I64, DenseSet, DenseSetState
+from splice.replay._validate import check_epoch, check_members, int_in
 from splice.replay.index import WriteReport
 from splice.replay.samplers._base import (
     Draw,
@@ -188,13 +190,11 @@ class SliceSampler(Sampler):
         super().__init__(generator=generator, seed=seed)
         if (num_slices is None) == (slice_len is None):
             raise TypeError("pass exactly one of num_slices= and slice_len=")
-        for name, value in (("num_slices", num_slices), ("slice_len", slice_len)):
-            if value is not None and (not isinstance(value, int) or value < 1):
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        num_slices = None if num_slices is None else positive_int("num_slices", num_slices)
+        slice_len = None if slice_len is None else positive_int("slice_len", slice_len)
         if weighting not in _WEIGHTINGS:
             raise ValueError(f"weighting must be one of {_WEIGHTINGS}, got {weighting!r}")
-        if not isinstance(burn_in, int) or burn_in < 0:
-            raise ValueError(f"burn_in must be a non-negative int, got {burn_in!r}")
+        burn_in = non_negative_int("burn_in", burn_in)
         if pad_output and strict_length:
             raise ValueError(
                 "pad_output=True is incompatible with strict_length=True: strict slices are "
@@ -423,9 +423,23 @@ class SliceSampler(Sampler):
         )
 
     def restore(self, state: SamplerState) -> None:
+        """Load :meth:`state`: the sets are rebuilt from the index for the saved slice
+        length and must hold exactly the saved members (whose order is kept).
+
+        Raises:
+            ValueError: a slice length this sampler cannot have, or sets that do not match
+                the index.
+        """
         state = expect_state(state, SliceSamplerState)
+        length = int_in(state.built_len, "built_len", -1, self.index.capacity)
+        if length == 0 or (length > 0 and self.slice_len not in (None, length)):
+            raise ValueError(f"built_len: {length} for slice_len={self.slice_len}")
+        self._built_len = None  # a prioritised slice sampler refuses length changes in use
+        self._build(None if length < 0 else length)
+        built = length > 0
+        check_members(state.ends.items, state.ends.universe, self._ends, "ends", built=built)
+        check_members(state.trajs.items, state.trajs.universe, self._trajs, "trajs", built=built)
         super().restore(state)
-        self._built_len = None if state.built_len < 0 else state.built_len
         self._ends.restore(state.ends)
         self._trajs.restore(state.trajs)
 
@@ -583,4 +597,9 @@ class SliceSamplerWithoutReplacement(SliceSampler):
     def restore(self, state: SamplerState) -> None:
         state = expect_state(state, SliceWithoutReplacementState)
         super().restore(state)
+        index = self.index
+        if self.weighting == "trajectory":  # slots, tagged with their generation
+            check_epoch(state.epoch, "epoch", index.traj.size, tagged=True)
+        else:  # global positions
+            check_epoch(state.epoch, "epoch", index.write_count, tagged=False)
         self._epoch.restore(state.epoch)

@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 from splice.replay._structures import EMPTY, I64
+from splice.replay._validate import check_epoch
 from splice.replay.samplers._base import Draw, Sampler, SamplerState, expect_state
 
 __all__ = ["Epoch", "EpochState", "SamplerWithoutReplacement", "WithoutReplacementState"]
@@ -205,5 +206,6 @@ class SamplerWithoutReplacement(Sampler):
 
     def restore(self, state: SamplerState) -> None:
         state = expect_state(state, WithoutReplacementState)
+        check_epoch(state.epoch, "epoch", self.index.write_count, tagged=False)
         super().restore(state)
         self._epoch.restore(state.epoch)
