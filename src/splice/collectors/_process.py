@@ -55,6 +55,7 @@ from splice.collectors._worker import (
     WorkerSpec,
     format_exception,
     init_worker_process,
+    pickle_spec,
 )
 from splice.collectors.background import StopCollection
 
@@ -298,7 +299,7 @@ class ProcessPool(WorkerPool):
                 f"mp_start_method must be one of {START_METHODS} (fork is unsafe with torch), "
                 f"got {start_method!r}"
             )
-        self._spec_bytes = [_pickle_spec(spec) for spec in self.specs]
+        self._spec_bytes = [pickle_spec(spec) for spec in self.specs]
         self._ctx = mp.get_context(start_method)
         if start_method == "forkserver":
             # Import once in the fork server; every worker forked from it has them loaded.
@@ -524,7 +525,7 @@ class ProcessPool(WorkerPool):
                 self._unreported.remove(worker)
             self.specs[worker] = spec
             self.final_frames[worker] = None
-            self._spec_bytes[worker] = _pickle_spec(spec)
+            self._spec_bytes[worker] = pickle_spec(spec)
             new = self._launch(worker, self._spec_bytes[worker])
             self._workers[worker] = new
         self._await(lambda w: w.info is not None, [new], timeout, "start")
@@ -600,25 +601,6 @@ def _end(process: BaseProcess, timeout: float) -> None:
     if process.exitcode is None:
         process.kill()
         process.join(timeout)
-
-
-def _pickle_spec(spec: WorkerSpec) -> bytes:
-    try:
-        return cloudpickle.dumps(spec)
-    except Exception as error:
-        for what, value in (("policy", spec.policy), ("policy_factory", spec.policy_factory)):
-            try:
-                cloudpickle.dumps(value)
-            except Exception:
-                raise TypeError(
-                    f"the {what} cannot be pickled to send it to worker {spec.index} "
-                    f"({type(error).__name__}: {error}); pass a policy_factory that builds it "
-                    "in the worker instead"
-                ) from error
-        raise TypeError(
-            f"the env factory of worker {spec.index} cannot be pickled to send it to the "
-            f"worker process ({type(error).__name__}: {error})"
-        ) from error
 
 
 def _make(
