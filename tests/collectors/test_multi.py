@@ -736,3 +736,38 @@ def test_restart_workers_in_background_keeps_the_budget(kind, list_buffer):
     collector.shutdown()
     assert collector.restarted_workers == 1 and collector.worker_info[1].pid != pid
     assert len(list_buffer) == collector.frames == 2_000  # the lost batch was collected again
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("cls", [MultiSyncCollector, MultiAsyncCollector])
+def test_info_keys_and_exclude_keys_reach_the_workers(cls):
+    """The Collector's info_keys/exclude_keys apply in every worker: Taxi's action mask is
+    stored next to the observation, and an excluded Dict observation leaf is gone."""
+    env = lambda: gym.make("Taxi-v4", max_episode_steps=20)  # noqa: E731
+    with cls(
+        [env, env],
+        frames_per_batch=40,
+        total_frames=80,
+        info_keys=["action_mask"],
+        seed=0,
+    ) as collector:
+        batches = list(collector)
+    assert all(b["action_mask"].shape[-1] == 6 for b in batches)
+    assert all(("next", "action_mask") in b.keys(True) for b in batches)
+
+    def dict_env() -> gym.Env:
+        env = gym.make("CartPole-v1")
+        space = gym.spaces.Dict(
+            {"x": env.observation_space, "y": gym.spaces.Box(-1e9, 1e9, (2,), np.float32)}
+        )
+        return gym.wrappers.TransformObservation(env, lambda o: {"x": o, "y": o[:2]}, space)
+
+    with cls(
+        [dict_env],
+        frames_per_batch=20,
+        total_frames=20,
+        exclude_keys=[("observation", "y")],
+    ) as collector:
+        (batch,) = list(collector)
+    assert ("observation", "x") in batch.keys(True)
+    assert ("observation", "y") not in batch.keys(True)

@@ -34,7 +34,7 @@ from splice.trajectories import TrajectoryAssembler, split_trajectories
 __all__ = ["CollectorBase"]
 
 #: How long interpreter exit waits for a background collection to finish its current batch.
-EXIT_TIMEOUT = 10.0  # the bound issue 12 sets for ending worker processes at exit
+EXIT_TIMEOUT = 6.0  # ends worker processes within 10 s of exit, teardown included
 
 
 class CollectorBase(ABC):
@@ -345,7 +345,7 @@ class CollectorBase(ABC):
         The thread stops by itself at ``total_frames`` (with ``trajs_per_batch``, after the
         final batch) or on :meth:`shutdown`. Every collected batch is written to the buffer.
         A collector still collecting in the background when the interpreter exits is shut down
-        then (the current batch is finished and stored; waits at most ``EXIT_TIMEOUT`` = 10 s),
+        then (the current batch is finished and stored; waits at most ``EXIT_TIMEOUT`` = 6 s),
         so no thread is left running while the interpreter tears down.
 
         Raises:

@@ -96,6 +96,8 @@ class WorkerSpec:
         device: where the policy runs.
         track_episodes: report the returns of the episodes that end in each batch.
         num_threads: torch intra-op threads in the worker's process.
+        info_keys: the ``info`` entries to store (see :class:`~splice.collectors.RolloutLoop`).
+        exclude_keys: observation keys to leave out (see :class:`~splice.collectors.RolloutLoop`).
     """
 
     index: int
@@ -113,6 +115,8 @@ class WorkerSpec:
     device: str | None = None
     track_episodes: bool = False
     num_threads: int = 1
+    info_keys: Any = None
+    exclude_keys: Any = None
 
 
 @dataclass(frozen=True)
@@ -210,6 +214,8 @@ class WorkerCore:
             seed=spec.seed,
             device=spec.device,
             track_episodes=spec.track_episodes,
+            info_keys=spec.info_keys,
+            exclude_keys=spec.exclude_keys,
         )
 
     def collect(self, random_actions: bool) -> tuple[TensorDict, np.ndarray]:

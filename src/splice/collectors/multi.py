@@ -22,6 +22,7 @@ import numpy as np
 import torch
 from gymnasium.vector import VectorEnv
 from tensordict import TensorDict, TensorDictBase
+from tensordict.utils import NestedKey
 
 from splice.collectors._base import CollectorBase, _frames_and_trajectories
 from splice.collectors._pool import WorkerBatch, WorkerPool, check_backend, make_pool
@@ -30,6 +31,7 @@ from splice.collectors._settings import CollectorSettings, TrajFormat, positive_
 from splice.collectors._worker import WorkerError, WorkerInfo, WorkerSpec, policy_weights
 from splice.collectors.background import StopCollection
 from splice.collectors.ids import TrajectoryIds
+from splice.envs.infos import InfoKeysLike
 
 __all__ = ["MultiAsyncCollector", "MultiSyncCollector"]
 
@@ -155,6 +157,8 @@ class _MultiCollector(CollectorBase):
         mp_start_method: str = "forkserver",
         num_sub_threads: int = 1,
         start_timeout: float = 300.0,
+        info_keys: InfoKeysLike | None = None,
+        exclude_keys: Sequence[NestedKey] | None = None,
     ) -> None:
         # Every check first: nothing is started if an argument is wrong.
         settings = CollectorSettings.check(
@@ -170,6 +174,8 @@ class _MultiCollector(CollectorBase):
             drop_incomplete=drop_incomplete,
             replay_buffer=replay_buffer,
             policy=policy,
+            info_keys=info_keys,
+            exclude_keys=exclude_keys,
         )
         factories = _env_factories(create_env_fn, num_workers)
         if policy is not None and policy_factory is not None:
@@ -213,6 +219,8 @@ class _MultiCollector(CollectorBase):
                     device=None if device is None else str(torch.device(device)),
                     track_episodes=progress or track_episodes,
                     num_threads=num_sub_threads,
+                    info_keys=settings.info_keys,
+                    exclude_keys=settings.exclude_keys,
                 )
             )
         self.backend = backend
@@ -518,9 +526,9 @@ class MultiSyncCollector(_MultiCollector):
     ``total_frames``, ``num_envs``, ``env_kwargs``, ``max_frames_per_traj``,
     ``init_random_frames``, ``reset_at_each_iter``, ``split_trajs``, ``set_truncated``,
     ``trajs_per_batch``, ``traj_format``, ``drop_incomplete``, ``replay_buffer``, ``device``,
-    ``storing_device``, ``progress`` and ``track_episodes`` are :class:`~splice.Collector`'s
-    (``num_envs``/``env_kwargs`` apply to each worker's env id; ``device`` is where each
-    worker runs its policy).
+    ``storing_device``, ``progress``, ``track_episodes``, ``info_keys`` and ``exclude_keys``
+    are :class:`~splice.Collector`'s (``num_envs``/``env_kwargs`` apply to each worker's env
+    id; ``device`` is where each worker runs its policy).
 
     Args:
         create_env_fn: a list of zero-argument env factories (or env id strings), one per
