@@ -199,27 +199,9 @@ class RayPool(WorkerPool):
         ValueError, TypeError: bad actor options.
         TypeError: a spec that cannot be pickled (the message names the policy or the env).
 
-    Examples:
-        >>> import ray
-        >>> from splice.collectors._worker import WorkerSpec
-        >>> from splice.testing import counting_vec
-        >>> _ = ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
-        ...              _node_ip_address="127.0.0.1")
-        >>> specs = [WorkerSpec(index=i, env=lambda: counting_vec([3]), worker_id=90 + i)
-        ...          for i in range(2)]
-        >>> pool = RayPool(specs, None)
-        >>> [info.num_envs for info in pool.start(timeout=120)]
-        [1, 1]
-        >>> pool.configure([4, 4])
-        >>> pool.request(1, random_actions=False)
-        >>> pool.wait([1])
-        [1]
-        >>> part = pool.take(1)
-        >>> part.batch.batch_size, part.batch["collector", "traj_ids"][0, 0].item() >> 40
-        (torch.Size([1, 4]), 91)
-        >>> pool.close(timeout=10)
-        []
-        >>> ray.shutdown()
+    The pool protocol is exercised by ``tests/collectors/test_pool.py`` (its ``"ray"``
+    parameter), and the collectors on top of it by ``tests/collectors/test_ray.py``; the
+    public example is :class:`~splice.RayReplayBuffer`'s.
     """
 
     def __init__(
