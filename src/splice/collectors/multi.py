@@ -3,7 +3,7 @@
 Both are :class:`~splice.collectors._base.CollectorBase` subclasses over a worker pool
 (:mod:`splice.collectors._pool`): every worker runs its own env and policy copy in a
 :class:`~splice.collectors.RolloutLoop` (a process of its own with the ``"process"``
-backend), and the collector in the caller's process holds every rule: the frame budget,
+backend, a Ray actor with ``"ray"``), and the collector in the caller's process holds every rule: the frame budget,
 whole episodes, the replay buffer, background collection, weights and failures. The design
 and its reasons are in ``docs/design.md`` ("Multi-worker collection").
 """
@@ -545,10 +545,14 @@ class MultiSyncCollector(_MultiCollector):
         worker_ids: the id spaces of the workers (distinct ints, see
             :mod:`splice.collectors.ids`); by default the next unused spaces of this process.
             Give distinct ones to collectors in different processes or machines.
-        backend: ``"process"`` (one process per worker) or ``"inline"`` (every worker in this
-            process, one after another: for debugging).
+        backend: ``"process"`` (one process per worker), ``"ray"`` (one Ray actor per
+            worker, on any node of a Ray cluster: needs ``pip install 'splice[ray]'``; see
+            :doc:`/scaling_out`) or ``"inline"`` (every worker in this process, one after
+            another: for debugging).
         backend_options: options for the backend (as TorchRL's ``backend_options``); the
-            process backend takes none besides ``mp_start_method``.
+            process backend takes none besides ``mp_start_method``; the Ray backend takes
+            Ray actor options for every worker (default ``{"num_cpus": 1}``; ``num_gpus``,
+            ``resources``, ``runtime_env``, ``scheduling_strategy``, ...).
         restart_workers: when a worker fails, replace it and go on (counted in
             :attr:`restarted_workers`, with a ``RuntimeWarning``) instead of raising
             :class:`~splice.WorkerError`.
