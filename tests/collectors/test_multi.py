@@ -16,6 +16,7 @@ from pathlib import Path
 
 import cloudpickle
 import gymnasium as gym
+import numpy as np
 import pytest
 import torch
 from gymnasium.vector import AutoresetMode

@@ -3,9 +3,9 @@
 Both are :class:`~splice.collectors._base.CollectorBase` subclasses over a worker pool
 (:mod:`splice.collectors._pool`): every worker runs its own env and policy copy in a
 :class:`~splice.collectors.RolloutLoop` (a process of its own with the ``"process"``
-backend, a Ray actor with ``"ray"``), and the collector in the caller's process holds every rule: the frame budget,
-whole episodes, the replay buffer, background collection, weights and failures. The design
-and its reasons are in ``docs/design.md`` ("Multi-worker collection").
+backend, a Ray actor with ``"ray"``), and the collector in the caller's process holds every
+rule: the frame budget, whole episodes, the replay buffer, background collection, weights and
+failures. The design and its reasons are in ``docs/design.md`` ("Multi-worker collection").
 """
 
 from __future__ import annotations
