@@ -403,7 +403,7 @@ def assert_worker_streams(batches: list[TensorDictBase]) -> dict[tuple[int, int]
         for row in rows:
             traj = row[TRAJ_IDS].numpy()
             key = (int(worker_of(traj[0])), int(row[OBSERVATION][0, 2]))
-            assert (worker_of(traj) == key[0]).all(), "a row mixes workers"
+            assert np.all(worker_of(traj) == key[0]), "a row mixes workers"
             assert (row[OBSERVATION][:, 2].numpy() == key[1]).all(), "a row mixes envs"
             counts[key].append(row[OBSERVATION][:, 0].numpy())
             ids[key].append(traj)

@@ -83,8 +83,10 @@ class BufferActor:
         return self._rb().add(unpack(data))
 
     def sample(self, batch_size: int | None, return_info: bool, as_sequences: bool | None) -> Any:
-        out = self._rb().sample(batch_size, return_info=return_info, as_sequences=as_sequences)
-        return pack(out)
+        rb = self._rb()
+        if return_info:
+            return pack(rb.sample(batch_size, return_info=True, as_sequences=as_sequences))
+        return pack(rb.sample(batch_size, as_sequences=as_sequences))
 
     def sizes(self) -> tuple[int, int]:
         rb = self._rb()  # the actor runs one call at a time: both numbers of one moment
@@ -204,7 +206,7 @@ class RayReplayBuffer:
                 raise ValueError(f"RayReplayBuffer does not take the actor option {key!r}: {why}")
         options = {**DEFAULT_BUFFER_OPTIONS, **(actor_options or {})}
         remote = _actor_class().options(**options)  # Ray checks the options here
-        kwargs = {"storage": storage, "sampler": sampler, "batch_size": batch_size}
+        kwargs: dict[str, Any] = {"storage": storage, "sampler": sampler, "batch_size": batch_size}
         if generator is not None:
             kwargs["generator"] = generator
         kwargs_bytes = cloudpickle.dumps(kwargs)
