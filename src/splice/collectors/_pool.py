@@ -26,7 +26,7 @@ import importlib
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 from tensordict import TensorDict, TensorDictBase
@@ -47,10 +47,15 @@ __all__ = [
     "PoolFactory",
     "WorkerBatch",
     "WorkerPool",
+    "WorkerRecord",
     "check_backend",
     "make_pool",
+    "ready_or_raise",
     "register_backend",
 ]
+
+#: A worker's states in the backends that keep one record per worker (process, Ray).
+IDLE, BUSY, READY, FAILED, CLOSED = "idle", "busy", "ready", "failed", "closed"
 
 
 @dataclass(frozen=True)
@@ -192,6 +197,47 @@ BACKENDS: dict[str, PoolFactory] = {}
 def register_backend(name: str, factory: PoolFactory) -> None:
     """Make ``backend=name`` available to the multi-worker collectors."""
     BACKENDS[name] = factory
+
+
+class WorkerRecord(Protocol):
+    """What :func:`ready_or_raise` reads of a backend's record of one worker."""
+
+    index: int
+    state: str
+    seq: int
+    failure: WorkerError | None
+
+
+def ready_or_raise(
+    interrupted: bool,
+    records: Sequence[WorkerRecord],
+    wanted: Sequence[WorkerRecord],
+    unreported: list[int],
+) -> list[int]:
+    """The rules of :meth:`WorkerPool.wait` for a backend with one record per worker, checked
+    under its lock: the ``wanted`` workers whose batch is ready, in request order (empty:
+    keep waiting).
+
+    Raises:
+        StopCollection: ``interrupted``.
+        WorkerError: the first failure not reported yet (any worker; it is removed from
+            ``unreported``), or the failure of a wanted worker, reported before.
+        RuntimeError: no wanted worker has a request outstanding.
+    """
+    if interrupted:
+        raise StopCollection
+    if unreported:
+        failed = records[unreported.pop(0)]
+        assert failed.failure is not None
+        raise failed.failure
+    for record in wanted:
+        if record.failure is not None:  # reported before, and still needed
+            raise record.failure
+    ready = sorted((r for r in wanted if r.state == READY), key=lambda r: r.seq)
+    if not ready and not any(r.state == BUSY for r in wanted):
+        states = {r.index: r.state for r in wanted}
+        raise RuntimeError(f"no request outstanding among the workers {states}")
+    return [r.index for r in ready]
 
 
 def make_pool(

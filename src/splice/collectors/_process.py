@@ -47,7 +47,17 @@ import torch
 import torch.multiprocessing
 from tensordict import TensorDict, TensorDictBase
 
-from splice.collectors._pool import WorkerBatch, WorkerPool, register_backend
+from splice.collectors._pool import (
+    BUSY,
+    CLOSED,
+    FAILED,
+    IDLE,
+    READY,
+    WorkerBatch,
+    WorkerPool,
+    ready_or_raise,
+    register_backend,
+)
 from splice.collectors._worker import (
     WorkerCore,
     WorkerError,
@@ -64,7 +74,7 @@ __all__ = ["START_METHODS", "ProcessPool", "SharedWeights"]
 #: The start methods a pool accepts (both safe with torch).
 START_METHODS = ("forkserver", "spawn")
 _POLL = 0.1  # seconds between checks for interrupt() while waiting for workers
-_IDLE, _BUSY, _READY, _FAILED, _CLOSED = "idle", "busy", "ready", "failed", "closed"
+_IDLE, _BUSY, _READY, _FAILED, _CLOSED = IDLE, BUSY, READY, FAILED, CLOSED
 
 
 # --------------------------------------------------------------------------- weights
@@ -469,21 +479,9 @@ class ProcessPool(WorkerPool):
         wanted = [self._workers[i] for i in workers]
         while True:
             with self._lock:
-                if self.interrupted:
-                    raise StopCollection
-                if self._unreported:
-                    failed = self._workers[self._unreported.pop(0)]
-                    assert failed.failure is not None
-                    raise failed.failure
-                for w in wanted:
-                    if w.failure is not None:  # reported before, and still needed
-                        raise w.failure
-                ready = sorted((w for w in wanted if w.state == _READY), key=lambda w: w.seq)
+                ready = ready_or_raise(self.interrupted, self._workers, wanted, self._unreported)
                 if ready:
-                    return [w.index for w in ready]
-                if not any(w.state == _BUSY for w in wanted):
-                    states = {w.index: w.state for w in wanted}
-                    raise RuntimeError(f"no request outstanding among the workers {states}")
+                    return ready
                 left = _POLL if deadline is None else min(_POLL, deadline - time.monotonic())
                 if left <= 0:
                     raise TimeoutError(f"no batch ready within {timeout} s")

@@ -54,7 +54,17 @@ import cloudpickle
 from tensordict import TensorDict, TensorDictBase
 
 from splice._remote import ACTORS, node_is_local, pack, require_ray, unpack, wait_until_gone
-from splice.collectors._pool import WorkerBatch, WorkerPool, register_backend
+from splice.collectors._pool import (
+    BUSY,
+    CLOSED,
+    FAILED,
+    IDLE,
+    READY,
+    WorkerBatch,
+    WorkerPool,
+    ready_or_raise,
+    register_backend,
+)
 from splice.collectors._worker import (
     WorkerCore,
     WorkerError,
@@ -83,7 +93,7 @@ REFUSED_OPTIONS = {
     "get_if_exists": "the collector starts its own actors",
 }
 _POLL = 0.1  # seconds between checks for interrupt() while waiting for actors
-_IDLE, _BUSY, _READY, _FAILED, _CLOSED = "idle", "busy", "ready", "failed", "closed"
+_IDLE, _BUSY, _READY, _FAILED, _CLOSED = IDLE, BUSY, READY, FAILED, CLOSED
 
 
 class RayWorker:
@@ -369,21 +379,9 @@ class RayPool(WorkerPool):
         wanted = [self._actors[i] for i in workers]
         while True:
             with self._lock:
-                if self.interrupted:
-                    raise StopCollection
-                if self._unreported:
-                    failed = self._actors[self._unreported.pop(0)]
-                    assert failed.failure is not None
-                    raise failed.failure
-                for actor in wanted:
-                    if actor.failure is not None:  # reported before, and still needed
-                        raise actor.failure
-                ready = sorted((a for a in wanted if a.state == _READY), key=lambda a: a.seq)
+                ready = ready_or_raise(self.interrupted, self._actors, wanted, self._unreported)
                 if ready:
-                    return [actor.index for actor in ready]
-                if not any(actor.state == _BUSY for actor in wanted):
-                    states = {actor.index: actor.state for actor in wanted}
-                    raise RuntimeError(f"no request outstanding among the workers {states}")
+                    return ready
                 # Every busy actor, not only the wanted ones: a failure anywhere is reported.
                 pending = {a.pending: a for a in self._actors if a.state == _BUSY}
             left = _POLL if deadline is None else min(_POLL, deadline - time.monotonic())
