@@ -13,6 +13,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections import defaultdict
 from pathlib import Path
 
 import cloudpickle
@@ -156,8 +157,9 @@ def test_ray_workers_keep_the_guarantees_and_feed_a_ray_buffer(kind, ray_instanc
       written (by reference) to a buffer served by a Ray actor;
     * in the background: the batches go from the actors to the buffer's actor by object
       reference (this process never reads one: fetching is made to fail), the learner's
-      slices stay whole while two actors write, and after the run (sync: ``total_frames``)
-      or a shutdown mid-run (async, endless) ``write_count`` equals the frames collected.
+      slices stay whole while two actors write, nothing is written while paused, and after
+      the run (sync: ``total_frames``) or a shutdown mid-run (async, endless)
+      ``write_count`` equals the frames collected.
 
     (Episodes of equal length: with NEXT_STEP autoreset, envs whose episodes end at
     different steps make a worker's loop run a few steps of its next batch ahead, with the
@@ -192,10 +194,15 @@ def test_ray_workers_keep_the_guarantees_and_feed_a_ray_buffer(kind, ray_instanc
         steps = assert_worker_streams(batches)
         assert sum(steps.values()) == 200 and len({w for w, _ in steps}) == 2
         actions = [int(b["action"].min()) for b in batches]
-        # Sync: the batch after the update uses it. Async: each worker's batch under way (at
-        # most one per worker) finishes with the old weights.
-        assert actions[:4] == [0] * 4 and actions[6:] == [1] * 4
-        assert actions[4:6] == ([1, 1] if sync else actions[4:6])
+        assert actions[:4] == [0] * 4
+        if sync:  # the batch after the update uses it
+            assert actions[4:] == [1] * 6
+        else:  # only the batch each worker had under way (at most one) has the old weights
+            by_worker = defaultdict(list)  # (a slow worker's may come after the fast one's)
+            for batch in batches[4:]:
+                by_worker[int(worker_of(batch[TRAJ_IDS][0, 0]))].append(int(batch["action"].min()))
+            for after in by_worker.values():
+                assert after in ([1] * len(after), [0] + [1] * (len(after) - 1))
         yielded = {
             (int(i), float(o))
             for b in batches
@@ -209,7 +216,7 @@ def test_ray_workers_keep_the_guarantees_and_feed_a_ray_buffer(kind, ray_instanc
 
         monkeypatch.setattr(RayPool, "fetch", no_fetch)
         collector.start()
-        samples = 0
+        samples, paused = 0, False
         while (collector.running and (sync or samples < 30)) or samples < 10:
             sample = rb.sample()
             ids = sample[TRAJ_IDS]
@@ -223,6 +230,14 @@ def test_ray_workers_keep_the_guarantees_and_feed_a_ray_buffer(kind, ray_instanc
                 if float(o) < min(steps.values()):  # yielded above: stored as it was yielded
                     assert (int(i), float(o)) in yielded
             samples += 1
+            if samples == 5 and collector.running:  # (async: always; sync: not yet done)
+                with collector.pause():
+                    written = rb.write_count
+                    time.sleep(0.3)
+                    assert rb.write_count == written  # nothing written while paused
+                paused = True
+                wait_for(lambda n=written: rb.write_count > n or not collector.running)
+        assert paused or sync
         collector.shutdown()  # the batches in flight are finished and written too
         assert rb.write_count == len(rb) == collector.frames == sum(collector.worker_frames)
         assert (collector.frames == 2_000) if sync else (collector.frames > 200)
