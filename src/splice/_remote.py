@@ -21,7 +21,7 @@ Examples:
     >>> td = TensorDict({"obs": torch.arange(6.0).view(3, 2), ("next", "done"): torch.ones(3, 1,
     ...                  dtype=torch.bool)}, [3])
     >>> wire = pack(td)
-    >>> type(wire[2]["obs"]).__name__
+    >>> type(wire[2]["obs"][1]).__name__  # (tag, array): Ray moves the array out of band
     'ndarray'
     >>> back = unpack(wire)
     >>> bool((back["obs"] == td["obs"]).all()), back["next", "done"].dtype, back.batch_size

@@ -627,10 +627,20 @@ def is_ray_service(cmdline: bytes) -> bool:
         True
         >>> is_ray_service(b"ray::IDLE"), is_ray_service(b"ray::RayWorker.collect")
         (True, False)
+        >>> is_ray_service(b"python -u /venv/lib/python3.11/site-packages/ray/dashboard/agent.py")
+        True
+        >>> is_ray_service(b"python -B -c main(['/venv/lib/python3.11/site-packages/ray/x'])")
+        False
     """
     if cmdline.startswith(b"ray::"):
         return cmdline.split()[0] in RAY_SERVICE_TITLES
-    return b"/site-packages/ray/" in cmdline or b"/ray/core/src/ray/" in cmdline
+    # The program or its script (``python [-u] .../ray/...py``), not any argument: a process
+    # started after ``import ray`` may carry Ray's paths in its arguments (e.g. the fork
+    # server of multiprocessing, given ``sys.path``).
+    return any(
+        b"/site-packages/ray/" in part or b"/ray/core/src/ray/" in part
+        for part in cmdline.split()[:3]
+    )
 
 
 def is_ray_process(cmdline: bytes) -> bool:
