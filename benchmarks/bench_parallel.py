@@ -10,7 +10,12 @@ by workers while the learner samples. Everything in one process run, ratios side
   gymnasium loops in 2 processes that return nothing (started the same way);
 * sample latency: ``rb.sample()`` of a buffer that 2 workers feed (``start()``) vs the same
   buffer with no writer;
-* worker start-up: the first start (the fork server imports splice/torch once) and later ones.
+* worker start-up: the first start (the fork server imports splice/torch once) and later ones;
+* Ray: the ``"ray"`` backend (each worker a Ray actor, batches through Ray's object store) vs
+  the ``"process"`` backend on the same 1,000-frame batches of cheap CartPole, 2 workers: the
+  time per batch of each, the difference (the Ray backend's per-batch overhead) and the ratio.
+  A local Ray instance (``ray.init(num_cpus=2)``) is started for it and shut down after
+  (``--quick``: the sync collectors only).
 
 Contenders are timed round-robin (a pause before each lets an async collector's batches in
 flight finish, so they never run during another contender's timing); medians are printed.
@@ -388,6 +393,71 @@ def bench_startup() -> list[list[str]]:
     return rows
 
 
+# -------------------------------------------------------------------------------- Ray
+RAY_FRAMES_PER_BATCH = 1000
+
+
+def bench_ray(quick: bool) -> list[list[str]]:
+    """Milliseconds per 1,000-frame batch (wall and CPU of every process, Ray's own
+    included), process backend vs Ray backend, sync and async."""
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    import ray
+
+    ray.init(
+        num_cpus=WORKERS,
+        include_dashboard=False,
+        log_to_driver=False,
+        _node_ip_address="127.0.0.1",
+    )
+    batches = 4 if quick else 40
+    # --quick: the sync collectors only (each Ray actor start imports torch: seconds).
+    kinds = [splice.MultiSyncCollector] + ([] if quick else [splice.MultiAsyncCollector])
+    fpb = RAY_FRAMES_PER_BATCH
+    collectors: dict[str, Any] = {}
+    try:
+        for backend in ("process", "ray"):
+            # Both Ray collectors' actors (4) fit in the 2 CPUs: they never run together.
+            options = {"num_cpus": 0.5} if backend == "ray" else {}
+            for kind in kinds:
+                name = f"{'sync' if kind is splice.MultiSyncCollector else 'async'} {backend}"
+                collectors[name] = kind(
+                    cartpole,
+                    num_workers=WORKERS,
+                    frames_per_batch=fpb,
+                    seed=0,
+                    backend=backend,
+                    backend_options=options,
+                )
+        fps = round_robin(
+            {
+                name: Batches(c, fpb * batches, ahead=WORKERS if name.startswith("async") else 0)
+                for name, c in collectors.items()
+            },
+            rounds=1 if quick else 5,
+            settle=0.3,
+        )
+    finally:
+        for c in collectors.values():
+            c.shutdown()
+        ray.shutdown()
+    rows = []
+    for kind in ("sync",) if quick else ("sync", "async"):
+        for i, unit in ((0, "wall"), (1, "CPU")):
+            process_ms = 1e3 * fpb / fps[f"{kind} process"][i]
+            ray_ms = 1e3 * fpb / fps[f"{kind} ray"][i]
+            rows.append(
+                [
+                    f"Multi{kind.capitalize()}Collector",
+                    unit,
+                    f"{process_ms:.2f} ms",
+                    f"{ray_ms:.2f} ms",
+                    f"{ray_ms - process_ms:+.2f} ms",
+                    ratio(ray_ms, process_ms),
+                ]
+            )
+    return rows
+
+
 def main() -> None:
     args = parser(__doc__ or "").parse_args()
     torch.set_num_threads(1)
@@ -425,6 +495,10 @@ def main() -> None:
     print("\n## Sample latency (512 frames, slices of 16) while 2 workers feed the buffer\n")
     headers = ["collector", "no writer", "2 workers writing", "ratio", "frames/s written", "n"]
     print(table(headers, bench_latency(quick)))
+    print(f"\n## Ray vs process backend: time per {RAY_FRAMES_PER_BATCH:,}-frame batch\n")
+    print("(cheap CartPole, random actions, 2 workers x 1 env; CPU: all processes, Ray's too)\n")
+    headers = ["collector", "time", "process", "ray", "ray overhead", "ray / process"]
+    print(table(headers, bench_ray(quick)))
     print(f"\nend: {load()}")
 
 

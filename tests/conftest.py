@@ -1,15 +1,33 @@
-"""Fixtures shared by every test module: a seeded torch RNG and a minimal replay buffer.
+"""Fixtures shared by every test module: a seeded torch RNG, a minimal replay buffer, and a
+local Ray instance for the tests that need one.
 
 Test data generators (collector-like batches, a counting env) live in :mod:`splice.testing`.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
+import sys
 import threading
+import time
+from typing import Any
 
 import pytest
 import torch
 from tensordict import TensorDictBase
+
+from splice.testing import descendant_processes, is_ray_process, is_ray_service
+
+#: The local Ray instance of the tests: 2 CPUs (this machine's), no dashboard, every address
+#: on the loopback interface, no usage reporting, worker output not copied to the tests'.
+RAY_INIT: dict[str, Any] = {
+    "num_cpus": 2,
+    "include_dashboard": False,
+    "log_to_driver": False,
+    "_node_ip_address": "127.0.0.1",
+}
 
 
 class ListBuffer:
@@ -37,3 +55,68 @@ def list_buffer() -> ListBuffer:
 @pytest.fixture(autouse=True)
 def _torch_seed() -> None:
     torch.manual_seed(0)
+
+
+# ------------------------------------------------------------------------------------ Ray
+def ray_processes(*, services: bool) -> dict[int, bytes]:
+    """The Ray processes below this one: actors only, or (``services=True``) Ray's own too."""
+    return {
+        pid: cmdline
+        for pid, (_, cmdline) in descendant_processes().items()
+        if is_ray_process(cmdline) and (services or not is_ray_service(cmdline))
+    }
+
+
+def wait_for_no_ray_processes(*, services: bool, timeout: float) -> dict[int, bytes]:
+    """Wait up to ``timeout`` s for every Ray process below this one to end; kill and return
+    those left."""
+    deadline = time.monotonic() + timeout
+    left = ray_processes(services=services)
+    while left and time.monotonic() < deadline:
+        time.sleep(0.05)
+        left = ray_processes(services=services)
+    for pid in left:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    return left
+
+
+def shut_ray_down() -> dict[int, bytes]:
+    """Shut down the Ray instance of this process (if any); the Ray processes left after
+    10 s (killed)."""
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        ray.shutdown()
+    return wait_for_no_ray_processes(services=True, timeout=10.0)
+
+
+@pytest.fixture(scope="session")
+def _ray_session():
+    """Shuts the tests' Ray instance down at the end of the session and checks that no Ray
+    process (GCS, raylet, agents, workers, actors) is left."""
+    yield
+    left = shut_ray_down()
+    assert not left, f"Ray processes left after the session: {left}"
+
+
+@pytest.fixture
+def ray_instance(_ray_session):
+    """The ``ray`` module, with the tests' local Ray instance running (started on first use,
+    ~5-10 s on this machine, and kept for the session); after the test, no actor it started
+    may be left running (their processes are checked)."""
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(**RAY_INIT)
+    yield ray
+    left = wait_for_no_ray_processes(services=False, timeout=5.0)
+    assert not left, f"the test left Ray actors running: {left}"
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Doctests and docs builds may start Ray too: nothing of it may outlive the session."""
+    left = shut_ray_down()
+    if left:
+        print(f"\nRay processes left after the test session (killed): {left}", file=sys.stderr)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -74,16 +76,20 @@ def test_bench_ppo_vs_sb3_quick(tmp_path: Path) -> None:
     assert {p.name for p in tmp_path.iterdir()} == {"sb3_s0.json", "splice_s0.json"}
 
 
+@pytest.mark.timeout(480)
 def test_bench_parallel_quick() -> None:
-    lines = run_quick("bench_parallel", timeout=300)  # starts processes, TorchRL's too
+    # Starts processes, TorchRL's too, and a Ray instance with 2 actors.
+    lines = run_quick("bench_parallel", timeout=420)
     for section in (
         "## Worker start-up",
         "## Scaling",
         "## vs TorchRL",
         "## Overhead",
         "## Sample",
+        "## Ray vs process backend",
     ):
         assert any(line.startswith(section) for line in lines), section
+    assert sum(line.startswith("| MultiSyncCollector | ") and " ms " in line for line in lines) == 2
     assert any(line.startswith("| MultiSyncCollector ") and "x" in line for line in lines)
     assert sum(line.startswith("| 1 env / worker") for line in lines) == 2
     assert any(line.startswith("end: load average") for line in lines)

@@ -12,7 +12,10 @@ stale step is visible in the data itself:
   across chunks). :func:`synthetic_rollout` is its first chunk.
 * :class:`CountingEnv` is a gymnasium env whose observation counts the env's real steps, and
   :func:`counting_vec` vectorizes it in any autoreset mode.
-* :func:`assert_slices_contiguous` checks sampled ``[S, L]`` slices against the payload.
+* :func:`assert_slices_contiguous` checks sampled ``[S, L]`` slices against the payload, and
+  :func:`assert_worker_streams` checks the batches of one or more collector workers.
+* :func:`descendant_processes`, :func:`is_ray_service` and :func:`is_ray_process` let tests
+  check that no worker process or Ray actor they started is left running.
 
 Examples:
     >>> from splice.testing import SyntheticStream, synthetic_rollout
@@ -31,8 +34,11 @@ Examples:
 from __future__ import annotations
 
 import importlib
+import os
+from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
@@ -42,6 +48,7 @@ from gymnasium import spaces
 from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv
 from tensordict import TensorDict, TensorDictBase
 
+from splice.collectors.ids import worker_of
 from splice.envs.infos import EPISODE_STATISTICS
 from splice.layout import (
     ACTION,
@@ -64,9 +71,13 @@ __all__ = [
     "EnvFamily",
     "SyntheticStream",
     "assert_slices_contiguous",
+    "assert_worker_streams",
     "atari_wrappers",
     "counting_vec",
+    "descendant_processes",
     "episode_lengths",
+    "is_ray_process",
+    "is_ray_service",
     "synthetic_rollout",
     "threshold_policy",
 ]
@@ -369,6 +380,49 @@ def counting_vec(
     return SyncVectorEnv(fns, autoreset_mode=mode)
 
 
+def assert_worker_streams(batches: list[TensorDictBase]) -> dict[tuple[int, int], int]:
+    """Check collector batches of :class:`CountingEnv` envs, made by one or more workers
+    (``[B, T]`` or ``[T]``, in the order they were collected): every env of every worker,
+    followed across the batches, counts its steps 0, 1, 2, ... (no step lost, repeated or
+    reordered); its ids change exactly where an episode starts, and only to ids never seen
+    before anywhere; no row mixes workers or envs. Returns the steps of each
+    ``(worker id space, env tag)``.
+
+    Examples:
+        >>> from splice import Collector
+        >>> with Collector(counting_vec([3, 4]), frames_per_batch=10, total_frames=20) as c:
+        ...     batches = list(c)
+        >>> sorted(assert_worker_streams(batches).values())
+        [10, 10]
+    """
+    counts: dict[tuple[int, int], list[np.ndarray]] = defaultdict(list)
+    ids: dict[tuple[int, int], list[np.ndarray]] = defaultdict(list)
+    inits: dict[tuple[int, int], list[np.ndarray]] = defaultdict(list)
+    for batch in batches:
+        rows = batch if batch.ndim == 2 else batch.unsqueeze(0)
+        for row in rows:
+            traj = row[TRAJ_IDS].numpy()
+            key = (int(worker_of(traj[0])), int(row[OBSERVATION][0, 2]))
+            assert np.all(worker_of(traj) == key[0]), "a row mixes workers"
+            assert (row[OBSERVATION][:, 2].numpy() == key[1]).all(), "a row mixes envs"
+            counts[key].append(row[OBSERVATION][:, 0].numpy())
+            ids[key].append(traj)
+            inits[key].append(row[IS_INIT][:, 0].numpy())
+    owner: dict[int, tuple[int, int]] = {}
+    for key in counts:
+        count = np.concatenate(counts[key])
+        np.testing.assert_array_equal(count, np.arange(count.size), err_msg=f"stream {key}")
+        traj, init = np.concatenate(ids[key]), np.concatenate(inits[key])
+        assert init[0], "the first step of a stream starts an episode"
+        changes = np.flatnonzero(np.diff(traj)) + 1
+        np.testing.assert_array_equal(changes, np.flatnonzero(init)[1:])
+        starts = traj[np.flatnonzero(init)]
+        assert (np.diff(starts) > 0).all(), "ids are issued in increasing order"
+        for t in np.unique(traj):
+            assert owner.setdefault(int(t), key) == key, f"id {t} used by two envs"
+    return {key: sum(c.size for c in chunks) for key, chunks in counts.items()}
+
+
 def threshold_policy(td: TensorDictBase) -> TensorDictBase:
     """A deterministic TensorDict policy: action 1 where ``observation[..., 1] > 0``, else 0.
 
@@ -510,3 +564,90 @@ class ConstantPolicy(torch.nn.Module):
     def forward(self, td: TensorDictBase) -> TensorDictBase:
         td["action"] = (self.bias > 0).long().expand(td.batch_size).clone()
         return td
+
+
+# ------------------------------------------------------------------ leftover processes
+def descendant_processes() -> dict[int, tuple[int, bytes]]:
+    """Every live process below this one (zombies excluded): ``pid -> (parent pid, command
+    line)``, the command line's NUL separators as spaces. For tests that check that nothing
+    they started is left running (reads Linux's ``/proc``).
+
+    Examples:
+        >>> import subprocess, sys
+        >>> child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+        >>> child.pid in descendant_processes()
+        True
+        >>> child.kill(); child.wait()
+        -9
+        >>> child.pid in descendant_processes()
+        False
+    """
+    parents: dict[int, int] = {}
+    states: dict[int, str] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        parents[int(entry.name)] = int(fields[1])
+        states[int(entry.name)] = fields[0]
+    children: dict[int, list[int]] = {}
+    for pid, parent in parents.items():
+        children.setdefault(parent, []).append(pid)
+    found: dict[int, tuple[int, bytes]] = {}
+    todo = [os.getpid()]
+    while todo:
+        parent = todo.pop()
+        for child in children.get(parent, []):
+            todo.append(child)
+            if states[child] == "Z":
+                continue
+            try:
+                cmdline = Path(f"/proc/{child}/cmdline").read_bytes().replace(b"\0", b" ")
+            except OSError:
+                continue
+            found[child] = (parent, cmdline.strip())
+    return found
+
+
+#: Ray's own long-lived processes besides its binaries and scripts (which run from the ray
+#: package's directory): agents and idle pooled workers. An actor's process is
+#: ``ray::ClassName`` (``ray::ClassName.method`` while it runs one).
+RAY_SERVICE_TITLES = (b"ray::IDLE", b"ray::DashboardAgent", b"ray::RuntimeEnvAgent")
+
+
+def is_ray_service(cmdline: bytes) -> bool:
+    """Whether a command line is one of Ray's own processes (GCS, raylet, agents, monitors,
+    idle workers), as opposed to an actor's or a driver's.
+
+    Examples:
+        >>> is_ray_service(b"/venv/lib/python3.11/site-packages/ray/core/src/ray/raylet/raylet")
+        True
+        >>> is_ray_service(b"ray::IDLE"), is_ray_service(b"ray::RayWorker.collect")
+        (True, False)
+        >>> is_ray_service(b"python -u /venv/lib/python3.11/site-packages/ray/dashboard/agent.py")
+        True
+        >>> is_ray_service(b"python -B -c main(['/venv/lib/python3.11/site-packages/ray/x'])")
+        False
+    """
+    if cmdline.startswith(b"ray::"):
+        return cmdline.split()[0] in RAY_SERVICE_TITLES
+    # The program or its script (``python [-u] .../ray/...py``), not any argument: a process
+    # started after ``import ray`` may carry Ray's paths in its arguments (e.g. the fork
+    # server of multiprocessing, given ``sys.path``).
+    return any(
+        b"/site-packages/ray/" in part or b"/ray/core/src/ray/" in part
+        for part in cmdline.split()[:3]
+    )
+
+
+def is_ray_process(cmdline: bytes) -> bool:
+    """Whether a command line is any Ray process: a service or an actor (``ray::...``).
+
+    Examples:
+        >>> is_ray_process(b"ray::RayWorker"), is_ray_process(b"python -m pytest")
+        (True, False)
+    """
+    return cmdline.startswith(b"ray::") or is_ray_service(cmdline)

@@ -6,71 +6,47 @@ import contextlib
 import os
 import signal
 import time
-from pathlib import Path
 
 import pytest
+
+from splice.testing import descendant_processes, is_ray_service
 
 # Long-lived helpers that multiprocessing starts once per session (not workers): the fork
 # server (its children ARE workers and are checked) and the resource tracker.
 _HELPERS = (b"multiprocessing.forkserver", b"multiprocessing.resource_tracker")
 
 
-def _children_of() -> dict[int, list[int]]:
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        children.setdefault(ppid, []).append(int(entry.name))
-    return children
+def live_descendants() -> dict[int, bytes]:
+    """Every process below this one (pid -> command line), except multiprocessing's helpers
+    themselves (but including the processes forked by the fork server, which share its
+    command line) and the services of a Ray instance a test module started (its GCS,
+    raylet, agents and idle workers; actors' processes count). Zombies do not count."""
+    tree = descendant_processes()
 
+    def mp_helper(pid: int) -> bool:
+        parent, cmdline = tree[pid]
+        return any(h in cmdline for h in _HELPERS) and not (parent in tree and mp_helper(parent))
 
-def _cmdline(pid: int) -> bytes:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return b""
-
-
-def live_descendants() -> set[int]:
-    """Every process below this one, except multiprocessing's helpers themselves (but
-    including the processes forked by the fork server, which share its command line).
-    Zombies do not count."""
-    children = _children_of()
-    found: set[int] = set()
-    todo = [(os.getpid(), False)]  # (pid, is a helper)
-    while todo:
-        parent, parent_is_helper = todo.pop()
-        for child in children.get(parent, []):
-            helper = not parent_is_helper and any(h in _cmdline(child) for h in _HELPERS)
-            todo.append((child, helper))
-            if helper:
-                continue
-            try:
-                state = Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1].split()[0]
-            except OSError:
-                continue
-            if state != "Z":
-                found.add(child)
-    return found
+    return {
+        pid: cmdline
+        for pid, (_, cmdline) in tree.items()
+        if not mp_helper(pid) and not is_ray_service(cmdline)
+    }
 
 
 @pytest.fixture(autouse=True)
 def no_leftover_processes():
-    """Fail a test that leaves a child process running (workers, vector env subprocesses)."""
-    before = live_descendants()
+    """Fail a test that leaves a child process running (workers, vector env subprocesses,
+    Ray actors)."""
+    before = set(live_descendants())
     yield
     deadline = time.monotonic() + 5.0
-    left = live_descendants() - before
+    left = set(live_descendants()) - before
     while left and time.monotonic() < deadline:
         time.sleep(0.05)
-        left = live_descendants() - before
+        left = set(live_descendants()) - before
     if left:
-        described = {pid: _cmdline(pid).replace(b"\0", b" ")[:120] for pid in left}
+        described = {pid: cmd[:120] for pid, cmd in live_descendants().items() if pid in left}
         for pid in left:
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)

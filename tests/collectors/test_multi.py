@@ -32,7 +32,7 @@ from splice import (
 )
 from splice.collectors.ids import ID_BITS, worker_of
 from splice.layout import CUT, DONE, IS_INIT, MASK, TRAJ_IDS
-from splice.testing import ConstantPolicy, CountingEnv, counting_vec
+from splice.testing import ConstantPolicy, CountingEnv, assert_worker_streams, counting_vec
 
 pytestmark = pytest.mark.timeout(120)
 # Classes and functions of this module travel to the workers by value (the workers cannot
@@ -45,38 +45,6 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def counting(*lengths: int, mode: AutoresetMode = AutoresetMode.NEXT_STEP):
     return lambda: counting_vec(list(lengths), mode)
-
-
-def check_streams(batches: list[TensorDictBase]) -> dict[tuple[int, int], int]:
-    """Every env of every worker, followed across the batches in order: its steps count
-    0, 1, 2, ... (no step lost, repeated or reordered), its ids change exactly where an
-    episode starts and only to ids never seen before anywhere. Returns steps per env."""
-    counts: dict[tuple[int, int], list[np.ndarray]] = defaultdict(list)
-    ids: dict[tuple[int, int], list[np.ndarray]] = defaultdict(list)
-    inits: dict[tuple[int, int], list[np.ndarray]] = defaultdict(list)
-    for batch in batches:
-        rows = batch if batch.ndim == 2 else batch.unsqueeze(0)
-        for row in rows:
-            traj = row[TRAJ_IDS].numpy()
-            key = (int(worker_of(traj[0])), int(row["observation"][0, 2]))
-            assert (worker_of(traj) == key[0]).all(), "a row mixes workers"
-            assert (row["observation"][:, 2].numpy() == key[1]).all(), "a row mixes envs"
-            counts[key].append(row["observation"][:, 0].numpy())
-            ids[key].append(traj)
-            inits[key].append(row[IS_INIT][:, 0].numpy())
-    owner: dict[int, tuple[int, int]] = {}
-    for key in counts:
-        count = np.concatenate(counts[key])
-        np.testing.assert_array_equal(count, np.arange(count.size), err_msg=f"stream {key}")
-        traj, init = np.concatenate(ids[key]), np.concatenate(inits[key])
-        assert init[0], "the first step of a stream starts an episode"
-        changes = np.flatnonzero(np.diff(traj)) + 1
-        np.testing.assert_array_equal(changes, np.flatnonzero(init)[1:])
-        starts = traj[np.flatnonzero(init)]
-        assert (np.diff(starts) > 0).all(), "ids are issued in increasing order"
-        for t in np.unique(traj):
-            assert owner.setdefault(int(t), key) == key, f"id {t} used by two envs"
-    return {key: sum(c.size for c in chunks) for key, chunks in counts.items()}
 
 
 class RaisingEnv(CountingEnv):
@@ -165,7 +133,7 @@ def test_sync_batch_is_every_worker_part_in_worker_order():
     for batch in batches:
         rows = worker_of(batch[TRAJ_IDS][:, 0]).tolist()
         assert rows == [spaces[0], spaces[0], spaces[1]]
-    check_streams(batches)
+    assert_worker_streams(batches)
 
 
 def test_single_env_workers_give_rows_in_sync_and_t_batches_in_async():
@@ -176,7 +144,7 @@ def test_single_env_workers_give_rows_in_sync_and_t_batches_in_async():
     with MultiAsyncCollector(make, num_workers=2, frames_per_batch=10, total_frames=20) as c:
         batches = list(c)
     assert [b.batch_size for b in batches] == [torch.Size([10])] * 2
-    check_streams(batches)
+    assert_worker_streams(batches)
 
 
 def test_async_needs_equal_worker_batches():
@@ -192,7 +160,7 @@ def test_ids_unique_across_workers_and_episodes_continue_across_batches(kind):
     with kind(counting(7, 3), num_workers=2, frames_per_batch=fpb, total_frames=200) as c:
         batches = list(c)
     assert all(b.shape[-1] == 5 for b in batches)
-    steps = check_streams(batches)
+    steps = assert_worker_streams(batches)
     assert len(steps) == 4 and sum(steps.values()) == 200
     with kind(counting(7, 3), num_workers=2, frames_per_batch=10, total_frames=20) as c:
         later = list(c)
@@ -222,7 +190,7 @@ def test_total_frames_exact_as_for_collector(kind, total, expected_batches):
     assert c.frames == 20 * expected_batches == sum(b.numel() for b in batches)
     # What the workers themselves counted: nothing collected beyond what was yielded.
     assert sum(c.worker_frames) == c.frames
-    check_streams(batches)
+    assert_worker_streams(batches)
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -239,7 +207,7 @@ def test_background_pause_and_shutdown_drop_nothing(kind, list_buffer):
     collector.shutdown()
     # Every batch any worker collected is in the buffer, once.
     assert len(rb) == collector.frames == sum(collector.worker_frames)
-    check_streams(rb.items)
+    assert_worker_streams(rb.items)
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -288,7 +256,7 @@ def test_async_weights_staleness_is_one_batch_per_worker_at_most():
         # Only the batch each worker had under way (it may be yielded late: a slow worker's
         # batch comes after the fast worker's next ones) has the old weights.
         assert actions in ([1] * len(actions), [0] + [1] * (len(actions) - 1))
-    check_streams(before + after)
+    assert_worker_streams(before + after)
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -303,7 +271,7 @@ def test_weight_updates_while_collecting_drop_nothing(kind, list_buffer):
         collector.update_policy_weights_({"bias": torch.tensor(value)})
     collector.shutdown()
     assert len(rb) == collector.frames == sum(collector.worker_frames)
-    check_streams(rb.items)
+    assert_worker_streams(rb.items)
     for batch in rb.items:  # weights change between batches, never within one
         assert batch["action"].unique().numel() == 1
 
@@ -538,7 +506,7 @@ def test_workers_may_start_processes_of_their_own():
     with MultiSyncCollector(make, num_workers=2, frames_per_batch=20, total_frames=40) as c:
         batches = list(c)
     assert len(batches) == 2
-    check_streams(batches)
+    assert_worker_streams(batches)
 
 
 def test_spawn_start_method_works():

@@ -26,7 +26,7 @@ from splice.testing import ConstantPolicy, CountingEnv, counting_vec
 pytestmark = pytest.mark.timeout(120)
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
-BACKEND_NAMES = ["inline", "process"]
+BACKEND_NAMES = ["inline", "process", "ray"]
 
 
 class Exploding(CountingEnv):
@@ -46,6 +46,8 @@ def make_specs(n: int, env=None, policy=None, first_space: int = 700):
 
 @pytest.fixture(params=BACKEND_NAMES)
 def backend(request):
+    if request.param == "ray":
+        request.getfixturevalue("ray_instance")  # a local Ray instance (tests/conftest.py)
     return request.param
 
 

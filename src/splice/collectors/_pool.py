@@ -15,8 +15,9 @@ a view of memory the worker reuses: it stays valid until the next ``request`` to
 and the collector copies it out before that.
 
 Backends are registered by name in :data:`BACKENDS` (``"inline"`` here; ``"process"`` by its
-module, imported on first use through :data:`LAZY_BACKENDS`; a Ray backend adds ``"ray"`` the
-same way); :func:`make_pool` builds one, passing the collector's ``backend_options``.
+module, imported on first use through :data:`LAZY_BACKENDS`; ``"ray"`` the same way, so that
+``ray`` is imported only by a collector that asks for it); :func:`make_pool` builds one,
+passing the collector's ``backend_options``.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import importlib
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 from tensordict import TensorDict, TensorDictBase
@@ -46,10 +47,15 @@ __all__ = [
     "PoolFactory",
     "WorkerBatch",
     "WorkerPool",
+    "WorkerRecord",
     "check_backend",
     "make_pool",
+    "ready_or_raise",
     "register_backend",
 ]
+
+#: A worker's states in the backends that keep one record per worker (process, Ray).
+IDLE, BUSY, READY, FAILED, CLOSED = "idle", "busy", "ready", "failed", "closed"
 
 
 @dataclass(frozen=True)
@@ -58,16 +64,22 @@ class WorkerBatch:
 
     Args:
         batch: ``[B, T]`` (``[T]`` for a single env); may be a view of memory the worker
-            reuses, valid until the next :meth:`WorkerPool.request` to that worker.
+            reuses, valid until the next :meth:`WorkerPool.request` to that worker; ``None``
+            when the batch stayed where the worker made it (see ``remote``).
         returns: the returns of the episodes that ended in it (empty unless tracked).
         ids_state: the worker's id counter after the batch (:meth:`TrajectoryIds.state_dict`).
         frames: the frames the worker has collected so far, this batch included.
+        remote: after :meth:`WorkerPool.keep_batches_remote`, the backend's handle on the
+            batch (the Ray backend: a ``ray.ObjectRef`` of its :func:`splice._remote.pack`
+            form), which :meth:`WorkerPool.fetch` reads and a buffer's ``extend_refs``
+            accepts; ``None`` otherwise.
     """
 
-    batch: TensorDict
+    batch: TensorDict | None
     returns: np.ndarray
     ids_state: dict[str, Any]
     frames: int
+    remote: Any = None
 
 
 class WorkerPool(ABC):
@@ -155,6 +167,20 @@ class WorkerPool(ABC):
         """Make every current and later :meth:`wait` raise ``StopCollection`` (thread-safe)."""
         self.interrupted = True
 
+    def keep_batches_remote(self) -> bool:
+        """Ask the workers to leave each batch where they make it (call before :meth:`start`):
+        a backend with an object store (Ray) then returns batches from :meth:`take` as
+        handles (``WorkerBatch.remote``, ``batch=None``) that a replay buffer can read
+        without the data passing through this process. Returns whether the backend does;
+        the default backend cannot (batches always come to this process)."""
+        return False
+
+    def fetch(self, part: WorkerBatch) -> TensorDict:
+        """The data of a batch :meth:`take` returned (a fresh copy if it was remote)."""
+        if part.batch is None:
+            raise NotImplementedError(f"{type(self).__name__} does not keep batches remote")
+        return part.batch
+
     @abstractmethod
     def close(self, timeout: float) -> list[int]:
         """End every worker within ``timeout`` seconds (asked to stop, then terminated, then
@@ -171,6 +197,47 @@ BACKENDS: dict[str, PoolFactory] = {}
 def register_backend(name: str, factory: PoolFactory) -> None:
     """Make ``backend=name`` available to the multi-worker collectors."""
     BACKENDS[name] = factory
+
+
+class WorkerRecord(Protocol):
+    """What :func:`ready_or_raise` reads of a backend's record of one worker."""
+
+    index: int
+    state: str
+    seq: int
+    failure: WorkerError | None
+
+
+def ready_or_raise(
+    interrupted: bool,
+    records: Sequence[WorkerRecord],
+    wanted: Sequence[WorkerRecord],
+    unreported: list[int],
+) -> list[int]:
+    """The rules of :meth:`WorkerPool.wait` for a backend with one record per worker, checked
+    under its lock: the ``wanted`` workers whose batch is ready, in request order (empty:
+    keep waiting).
+
+    Raises:
+        StopCollection: ``interrupted``.
+        WorkerError: the first failure not reported yet (any worker; it is removed from
+            ``unreported``), or the failure of a wanted worker, reported before.
+        RuntimeError: no wanted worker has a request outstanding.
+    """
+    if interrupted:
+        raise StopCollection
+    if unreported:
+        failed = records[unreported.pop(0)]
+        assert failed.failure is not None
+        raise failed.failure
+    for record in wanted:
+        if record.failure is not None:  # reported before, and still needed
+            raise record.failure
+    ready = sorted((r for r in wanted if r.state == READY), key=lambda r: r.seq)
+    if not ready and not any(r.state == BUSY for r in wanted):
+        states = {r.index: r.state for r in wanted}
+        raise RuntimeError(f"no request outstanding among the workers {states}")
+    return [r.index for r in ready]
 
 
 def make_pool(
@@ -190,7 +257,10 @@ def make_pool(
 
 #: Backends whose module registers them when first asked for (so that e.g. ``ray`` is imported
 #: only by the collectors that use it): name -> module.
-LAZY_BACKENDS: dict[str, str] = {"process": "splice.collectors._process"}
+LAZY_BACKENDS: dict[str, str] = {
+    "process": "splice.collectors._process",
+    "ray": "splice.collectors._ray",
+}
 
 
 def check_backend(backend: Any) -> None:

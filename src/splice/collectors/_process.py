@@ -47,7 +47,17 @@ import torch
 import torch.multiprocessing
 from tensordict import TensorDict, TensorDictBase
 
-from splice.collectors._pool import WorkerBatch, WorkerPool, register_backend
+from splice.collectors._pool import (
+    BUSY,
+    CLOSED,
+    FAILED,
+    IDLE,
+    READY,
+    WorkerBatch,
+    WorkerPool,
+    ready_or_raise,
+    register_backend,
+)
 from splice.collectors._worker import (
     WorkerCore,
     WorkerError,
@@ -55,6 +65,7 @@ from splice.collectors._worker import (
     WorkerSpec,
     format_exception,
     init_worker_process,
+    pickle_spec,
 )
 from splice.collectors.background import StopCollection
 
@@ -63,7 +74,7 @@ __all__ = ["START_METHODS", "ProcessPool", "SharedWeights"]
 #: The start methods a pool accepts (both safe with torch).
 START_METHODS = ("forkserver", "spawn")
 _POLL = 0.1  # seconds between checks for interrupt() while waiting for workers
-_IDLE, _BUSY, _READY, _FAILED, _CLOSED = "idle", "busy", "ready", "failed", "closed"
+_IDLE, _BUSY, _READY, _FAILED, _CLOSED = IDLE, BUSY, READY, FAILED, CLOSED
 
 
 # --------------------------------------------------------------------------- weights
@@ -298,7 +309,7 @@ class ProcessPool(WorkerPool):
                 f"mp_start_method must be one of {START_METHODS} (fork is unsafe with torch), "
                 f"got {start_method!r}"
             )
-        self._spec_bytes = [_pickle_spec(spec) for spec in self.specs]
+        self._spec_bytes = [pickle_spec(spec) for spec in self.specs]
         self._ctx = mp.get_context(start_method)
         if start_method == "forkserver":
             # Import once in the fork server; every worker forked from it has them loaded.
@@ -468,21 +479,9 @@ class ProcessPool(WorkerPool):
         wanted = [self._workers[i] for i in workers]
         while True:
             with self._lock:
-                if self.interrupted:
-                    raise StopCollection
-                if self._unreported:
-                    failed = self._workers[self._unreported.pop(0)]
-                    assert failed.failure is not None
-                    raise failed.failure
-                for w in wanted:
-                    if w.failure is not None:  # reported before, and still needed
-                        raise w.failure
-                ready = sorted((w for w in wanted if w.state == _READY), key=lambda w: w.seq)
+                ready = ready_or_raise(self.interrupted, self._workers, wanted, self._unreported)
                 if ready:
-                    return [w.index for w in ready]
-                if not any(w.state == _BUSY for w in wanted):
-                    states = {w.index: w.state for w in wanted}
-                    raise RuntimeError(f"no request outstanding among the workers {states}")
+                    return ready
                 left = _POLL if deadline is None else min(_POLL, deadline - time.monotonic())
                 if left <= 0:
                     raise TimeoutError(f"no batch ready within {timeout} s")
@@ -524,7 +523,7 @@ class ProcessPool(WorkerPool):
                 self._unreported.remove(worker)
             self.specs[worker] = spec
             self.final_frames[worker] = None
-            self._spec_bytes[worker] = _pickle_spec(spec)
+            self._spec_bytes[worker] = pickle_spec(spec)
             new = self._launch(worker, self._spec_bytes[worker])
             self._workers[worker] = new
         self._await(lambda w: w.info is not None, [new], timeout, "start")
@@ -600,25 +599,6 @@ def _end(process: BaseProcess, timeout: float) -> None:
     if process.exitcode is None:
         process.kill()
         process.join(timeout)
-
-
-def _pickle_spec(spec: WorkerSpec) -> bytes:
-    try:
-        return cloudpickle.dumps(spec)
-    except Exception as error:
-        for what, value in (("policy", spec.policy), ("policy_factory", spec.policy_factory)):
-            try:
-                cloudpickle.dumps(value)
-            except Exception:
-                raise TypeError(
-                    f"the {what} cannot be pickled to send it to worker {spec.index} "
-                    f"({type(error).__name__}: {error}); pass a policy_factory that builds it "
-                    "in the worker instead"
-                ) from error
-        raise TypeError(
-            f"the env factory of worker {spec.index} cannot be pickled to send it to the "
-            f"worker process ({type(error).__name__}: {error})"
-        ) from error
 
 
 def _make(

@@ -30,6 +30,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import cloudpickle
 import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
@@ -44,6 +45,7 @@ __all__ = [
     "WorkerInfo",
     "WorkerSpec",
     "init_worker_process",
+    "pickle_spec",
     "policy_weights",
 ]
 
@@ -257,3 +259,29 @@ class WorkerCore:
     def close(self) -> None:
         """Close the env."""
         self.adapter.close()
+
+
+def pickle_spec(spec: WorkerSpec) -> bytes:
+    """``spec`` pickled with cloudpickle (lambdas and closures work), for a worker of another
+    process.
+
+    Raises:
+        TypeError: the spec cannot be pickled; the message names the policy, the policy
+            factory or the env factory.
+    """
+    try:
+        return cloudpickle.dumps(spec)
+    except Exception as error:
+        for what, value in (("policy", spec.policy), ("policy_factory", spec.policy_factory)):
+            try:
+                cloudpickle.dumps(value)
+            except Exception:
+                raise TypeError(
+                    f"the {what} cannot be pickled to send it to worker {spec.index} "
+                    f"({type(error).__name__}: {error}); pass a policy_factory that builds it "
+                    "in the worker instead"
+                ) from error
+        raise TypeError(
+            f"the env factory of worker {spec.index} cannot be pickled to send it to the "
+            f"worker ({type(error).__name__}: {error})"
+        ) from error

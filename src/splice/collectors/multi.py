@@ -3,9 +3,9 @@
 Both are :class:`~splice.collectors._base.CollectorBase` subclasses over a worker pool
 (:mod:`splice.collectors._pool`): every worker runs its own env and policy copy in a
 :class:`~splice.collectors.RolloutLoop` (a process of its own with the ``"process"``
-backend), and the collector in the caller's process holds every rule: the frame budget,
-whole episodes, the replay buffer, background collection, weights and failures. The design
-and its reasons are in ``docs/design.md`` ("Multi-worker collection").
+backend, a Ray actor with ``"ray"``), and the collector in the caller's process holds every
+rule: the frame budget, whole episodes, the replay buffer, background collection, weights and
+failures. The design and its reasons are in ``docs/design.md`` ("Multi-worker collection").
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import math
 import time
 import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import gymnasium as gym
@@ -24,7 +24,7 @@ from gymnasium.vector import VectorEnv
 from tensordict import TensorDict, TensorDictBase
 from tensordict.utils import NestedKey
 
-from splice.collectors._base import CollectorBase
+from splice.collectors._base import CollectorBase, _frames_and_trajectories
 from splice.collectors._pool import WorkerBatch, WorkerPool, check_backend, make_pool
 from splice.collectors._progress import require_tqdm
 from splice.collectors._settings import CollectorSettings, TrajFormat, positive_int
@@ -106,6 +106,17 @@ class _WorkerSeeds:
         child = self._sequence.spawn(1)[0]
         env_seed, torch_seed = (int(x) for x in child.generate_state(2, np.uint32))
         return env_seed, torch_seed
+
+
+@dataclass(frozen=True)
+class _RemoteBatch:
+    """A batch whose parts stayed where the workers made it (see ``remote_writes``)."""
+
+    parts: list[WorkerBatch]
+    frames: int
+
+    def numel(self) -> int:
+        return self.frames
 
 
 class _MultiCollector(CollectorBase):
@@ -231,6 +242,18 @@ class _MultiCollector(CollectorBase):
         started = time.perf_counter()
         options = {"start_method": mp_start_method, **(backend_options or {})}
         self._pool: WorkerPool = make_pool(backend, specs, weights, options)
+        #: Whether batches go from the workers to ``replay_buffer.extend_refs`` without
+        #: passing through this process (the Ray backend with a buffer served by a Ray
+        #: actor, e.g. :class:`~splice.RayReplayBuffer`, and plain batches: no
+        #: ``split_trajs``, no ``trajs_per_batch``). See docs/design.md.
+        self.remote_writes = (
+            replay_buffer is not None
+            and callable(getattr(replay_buffer, "extend_refs", None))
+            and not split_trajs
+            and trajs_per_batch is None
+            and self._pool.keep_batches_remote()
+        )
+        self._last_remote: _RemoteBatch | None = None
         try:
             self.worker_info: list[WorkerInfo] = self._pool.start(start_timeout)
             #: Seconds it took to start every worker and build their envs.
@@ -350,6 +373,43 @@ class _MultiCollector(CollectorBase):
         if self.storing_device is not None and self.storing_device.type != "cpu":
             return batch.to(self.storing_device)
         return batch
+
+    def _keep_remote(self, workers: list[int], parts: list[WorkerBatch]) -> _RemoteBatch | None:
+        """With ``remote_writes``: remember the parts' handles for :meth:`_produce`, and
+        return them as the batch when nobody in this process reads it (background
+        collection); ``None`` when the batch must be fetched."""
+        self._last_remote = None
+        if not self.remote_writes or any(part.remote is None for part in parts):
+            return None
+        frames = sum(self._worker_frames(i) for i in workers)
+        self._last_remote = _RemoteBatch(parts, frames)
+        return self._last_remote if self.running else None
+
+    def _produce(self) -> list[TensorDictBase]:
+        if not self.remote_writes:
+            return super()._produce()
+        # Plain batches only (no split, no assembler): the batch is the output.
+        batch = self._collect_batch()
+        remote, self._last_remote = self._last_remote, None
+        if remote is None:  # the parts came to this process: written from here
+            return [self._deliver(batch)]
+        try:
+            self.replay_buffer.extend_refs([part.remote for part in remote.parts])
+        except BaseException:
+            self._count_dropped(remote)
+            raise
+        return [] if batch is remote else [batch]
+
+    def _count_dropped(self, remote: _RemoteBatch) -> None:
+        """A remote write failed: its frames (and, if they can still be read, their
+        trajectories) are dropped."""
+        self.dropped_frames += remote.frames
+        try:
+            parts = [self._pool.fetch(part) for part in remote.parts]
+        except Exception:
+            return  # the data is gone too: the trajectories cannot be counted
+        for part in parts:
+            self.dropped_trajs += _frames_and_trajectories(part)[1]
 
     def _discard_in_flight(self) -> None:
         """Wait for the batches in flight and drop them (a restart of the run)."""
@@ -485,10 +545,14 @@ class MultiSyncCollector(_MultiCollector):
         worker_ids: the id spaces of the workers (distinct ints, see
             :mod:`splice.collectors.ids`); by default the next unused spaces of this process.
             Give distinct ones to collectors in different processes or machines.
-        backend: ``"process"`` (one process per worker) or ``"inline"`` (every worker in this
-            process, one after another: for debugging).
+        backend: ``"process"`` (one process per worker), ``"ray"`` (one Ray actor per
+            worker, on any node of a Ray cluster: needs ``pip install 'splice[ray]'``; see
+            :doc:`/scaling_out`) or ``"inline"`` (every worker in this process, one after
+            another: for debugging).
         backend_options: options for the backend (as TorchRL's ``backend_options``); the
-            process backend takes none besides ``mp_start_method``.
+            process backend takes none besides ``mp_start_method``; the Ray backend takes
+            Ray actor options for every worker (default ``{"num_cpus": 1}``; ``num_gpus``,
+            ``resources``, ``runtime_env``, ``scheduling_strategy``, ...).
         restart_workers: when a worker fails, replace it and go on (counted in
             :attr:`restarted_workers`, with a ``RuntimeWarning``) instead of raising
             :class:`~splice.WorkerError`.
@@ -537,7 +601,7 @@ class MultiSyncCollector(_MultiCollector):
         """``sum_k B_k``: the env rows of every batch."""
         return sum(self.worker_num_envs)
 
-    def _collect_one(self, random_actions: bool) -> tuple[TensorDict, np.ndarray]:
+    def _collect_one(self, random_actions: bool) -> tuple[Any, np.ndarray]:
         workers = list(range(self.num_workers))
         self._send_weights()
         self._round_random = random_actions
@@ -550,12 +614,15 @@ class MultiSyncCollector(_MultiCollector):
             for i in self._wait(sorted(self._round_missing)):
                 parts[i] = self._take(i)
                 self._round_missing.discard(i)
+        returns = np.concatenate([parts[i].returns for i in workers])
+        remote = self._keep_remote(workers, [parts[i] for i in workers])
+        if remote is not None:
+            return remote, returns
+        rows = [self._pool.fetch(parts[i]) for i in workers]
         rows = [
-            parts[i].batch if self.worker_info[i].batched else parts[i].batch.unsqueeze(0)
-            for i in workers
+            row if self.worker_info[i].batched else row.unsqueeze(0) for i, row in enumerate(rows)
         ]
         batch = torch.cat(rows, 0)  # the copy out of the workers' memory
-        returns = np.concatenate([parts[i].returns for i in workers])
         return self._copy_out(batch), returns
 
     def _after_replace(self, worker: int) -> None:
@@ -648,7 +715,7 @@ class MultiAsyncCollector(_MultiCollector):
     def _after_replace(self, worker: int) -> None:
         self._grant()
 
-    def _collect_one(self, random_actions: bool) -> tuple[TensorDict, np.ndarray]:
+    def _collect_one(self, random_actions: bool) -> tuple[Any, np.ndarray]:
         self._grant()
         ready: list[int] = []
         while not ready:
@@ -657,6 +724,8 @@ class MultiAsyncCollector(_MultiCollector):
             ready = self._wait(sorted(self._in_flight))
         i = ready[0]
         part = self._take(i)
-        batch = self._copy_out(part.batch.clone())  # before the worker gets its next grant
+        batch = self._keep_remote([i], [part])
+        if batch is None:  # copied out before the worker gets its next grant
+            batch = self._copy_out(self._pool.fetch(part).clone())
         self._grant()
         return batch, part.returns

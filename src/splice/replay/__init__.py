@@ -6,6 +6,8 @@ Names follow TorchRL so that code ports by changing imports:
   :class:`~splice.LazyMemmapStorage` (files, crash safe);
 * :class:`~splice.ReplayBuffer` — ``extend`` any collector layout (or plain tensors and dicts),
   ``sample``, in-place access by row and key, ``state_dict``, ``dumps``/``loads``;
+* :class:`~splice.RayReplayBuffer` — the same buffer served by a Ray actor, extended by
+  collectors on any node and sampled by the learner (Ray is imported when one is created);
 * samplers :class:`~splice.RandomSampler`, :class:`~splice.SamplerWithoutReplacement`,
   :class:`~splice.PrioritizedSampler`, :class:`~splice.SliceSampler`,
   :class:`~splice.SliceSamplerWithoutReplacement`, :class:`~splice.PrioritizedSliceSampler`,
@@ -21,6 +23,7 @@ and :data:`~splice.replay.BURN_IN` (``("collector", "burn_in")``).
 from splice.replay._output import BURN_IN
 from splice.replay.buffer import ReplayBuffer
 from splice.replay.index import ReplayIndex, WriteReport
+from splice.replay.ray_buffer import RayReplayBuffer
 from splice.replay.samplers import (
     Draw,
     PrioritizedSampler,
@@ -43,6 +46,7 @@ __all__ = [
     "PrioritizedSampler",
     "PrioritizedSliceSampler",
     "RandomSampler",
+    "RayReplayBuffer",
     "ReplayBuffer",
     "ReplayIndex",
     "Sampler",
