@@ -32,6 +32,7 @@ PUBLIC_MODULES = [
     "splice.replay.samplers",
     "splice.trajectories",
     "splice.examples.masked_cartpole",
+    "splice.examples.tasks",
     "splice.examples.qnets",
     "splice.examples.r2d2",
     "splice.cli",

@@ -1,10 +1,13 @@
-"""The ``splice`` command: ``splice train`` runs the recurrent DQN on velocity-masked CartPole.
+"""The ``splice`` command: ``splice train`` runs the recurrent DQN on a partially observed task.
+
+The default task is velocity-masked CartPole; ``--env ID`` takes any gymnasium env id with
+discrete actions (``popgym-RepeatFirstEasy-v0``, ``Acrobot-v1``, ...).
 
 Examples:
     >>> from splice.cli import build_parser
     >>> args = build_parser().parse_args(["train", "--agent", "mlp", "--frames", "1000"])
-    >>> args.agent, args.frames, args.seed
-    ('mlp', 1000, 0)
+    >>> args.agent, args.frames, args.seed, args.env, args.mask_velocity
+    ('mlp', 1000, 0, 'CartPole-v1', None)
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from splice.examples.r2d2 import AGENTS, R2D2Config, TrainResult
+from splice.examples.tasks import MASKABLE
 
 __all__ = ["build_parser", "main"]
 
@@ -29,12 +33,35 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     train = commands.add_parser(
         "train",
-        help="train a recurrent DQN on velocity-masked CartPole",
+        help="train a recurrent DQN (default task: velocity-masked CartPole)",
         description=(
-            "Train an agent on CartPole-v1 with the velocities removed from the observation, "
-            "evaluate it greedily over 20 episodes, and write the learning curve (PNG) and a "
-            "JSON summary to the output folder."
+            "Train an agent on a gymnasium env with discrete actions (default: CartPole-v1 "
+            "with the velocities removed from the observation), evaluate the kept model (the "
+            "checkpoint with the best periodic evaluation) and the last weights greedily over "
+            "20 fresh episodes, and write the learning curve (PNG) and a JSON summary to the "
+            "output folder."
         ),
+    )
+    train.add_argument(
+        "--env",
+        default=MASKABLE,
+        metavar="ID",
+        help=f"gymnasium env id with discrete actions, e.g. popgym-RepeatFirstEasy-v0 "
+        f"(default {MASKABLE})",
+    )
+    train.add_argument(
+        "--mask-velocity",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help=f"remove the velocities from {MASKABLE}'s observation (default: on for "
+        f"{MASKABLE}; other envs are used as they are)",
+    )
+    train.add_argument(
+        "--max-episode-steps",
+        type=int,
+        default=None,
+        metavar="N",
+        help="time limit of every episode (default: the env's own)",
     )
     train.add_argument(
         "--agent",
@@ -63,13 +90,24 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``splice`` console script."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     agents = list(AGENTS) if args.agent == "all" else [args.agent]
     results: dict[str, TrainResult] = {}
     for agent in agents:
-        config = R2D2Config(
-            agent=agent, seed=args.seed, total_frames=args.frames, time_limit=args.time_limit
-        )
+        try:  # a bad value, env id or space: a usage error, before anything is written
+            config = R2D2Config(
+                agent=agent,
+                env_id=args.env,
+                mask_velocity=args.mask_velocity,
+                max_episode_steps=args.max_episode_steps,
+                seed=args.seed,
+                total_frames=args.frames,
+                time_limit=args.time_limit,
+            )
+            config.make_env(1).close()
+        except ValueError as error:
+            parser.error(str(error))
         out = args.output / agent if len(agents) > 1 else args.output
         results[agent] = run_one(config, out, quiet=args.quiet)
     if len(agents) > 1:
@@ -83,22 +121,21 @@ def run_one(config: R2D2Config, output: Path, *, quiet: bool) -> TrainResult:
     from splice.examples.r2d2 import train
 
     output.mkdir(parents=True, exist_ok=True)
-    bar = None if quiet else _progress_bar(config)
+    bar = None if quiet else progress_bar(config.total_frames, config.agent, sys.stderr)
     last_eval = float("nan")
 
     def progress(point: dict[str, float]) -> None:
         nonlocal last_eval
         last_eval = point.get("eval_return", last_eval)
         if bar is not None:
-            bar.n = int(point["frames"])
             bar.set_postfix(
                 episodes=int(point["episodes"]),
-                ret=f"{point['recent_return']:.0f}",
-                eval=f"{last_eval:.0f}",
+                ret=f"{point['recent_return']:.4g}",
+                eval=f"{last_eval:.4g}",
                 loss=f"{point['loss']:.3f}",
                 refresh=False,
             )
-            bar.refresh()
+            bar.update(int(point["frames"]) - bar.n)  # prints at most every mininterval
 
     try:
         result = train(config, progress=progress)
@@ -108,10 +145,15 @@ def run_one(config: R2D2Config, output: Path, *, quiet: bool) -> TrainResult:
     summary = result.summary()
     (output / "summary.json").write_text(json.dumps(summary, indent=2))
     figure = plot_curves({config.agent: result}, output / "learning_curve.png")
+    kept = (
+        f"kept model (best periodic evaluation, at {result.kept_frames} frames)"
+        if result.kept_frames is not None
+        else "last weights"
+    )
     print(
-        f"{config.agent} (seed {config.seed}): greedy evaluation over {config.eval_episodes} "
-        f"episodes: mean return {result.final_mean:.1f} (last weights: "
-        f"{summary['last_mean']:.1f}); {result.frames} frames, {result.updates} updates, "
+        f"{config.agent} on {_task_name(config)} (seed {config.seed}): greedy mean return over "
+        f"{config.eval_episodes} fresh episodes: {kept} {result.final_mean:.4g}, last weights "
+        f"{summary['last_mean']:.4g}; {result.frames} frames, {result.updates} updates, "
         f"{result.wall_seconds:.0f} s"
     )
     print(f"summary: {output / 'summary.json'}\nlearning curve: {figure}")
@@ -120,11 +162,13 @@ def run_one(config: R2D2Config, output: Path, *, quiet: bool) -> TrainResult:
 
 def plot_curves(results: dict[str, TrainResult], path: Path) -> Path:
     """Greedy evaluation return (and training-episode return) against frames, one figure."""
+    import gymnasium as gym
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    config = R2D2Config(**next(iter(results.values())).config)
     fig, ax = plt.subplots(figsize=(7, 4))
     for i, (agent, result) in enumerate(results.items()):
         color = f"C{i}"
@@ -137,10 +181,12 @@ def plot_curves(results: dict[str, TrainResult], path: Path) -> Path:
             alpha=0.35,
             linestyle="--",
         )
-    ax.axhline(400, color="grey", linewidth=0.8, linestyle=":")
+    threshold = gym.spec(config.env_id.rpartition(":")[2]).reward_threshold
+    if threshold is not None:
+        ax.axhline(threshold, color="grey", linewidth=0.8, linestyle=":")
     ax.set_xlabel("frames collected")
-    ax.set_ylabel("return (max 500)")
-    ax.set_title("Velocity-masked CartPole: greedy evaluation (solid), training episodes (dashed)")
+    ax.set_ylabel("return")
+    ax.set_title(f"{_task_name(config)}: greedy evaluation (solid), training episodes (dashed)")
     ax.title.set_fontsize(9)
     ax.legend()
     fig.tight_layout()
@@ -149,18 +195,31 @@ def plot_curves(results: dict[str, TrainResult], path: Path) -> Path:
     return path
 
 
-def _progress_bar(config: R2D2Config) -> Any:
+def progress_bar(total: int, desc: str, file: Any) -> Any:
+    """A tqdm bar on ``file``: live on a terminal, a line every 20 s or so otherwise (a log).
+
+    Examples:
+        >>> import io
+        >>> progress_bar(1000, "recurrent", io.StringIO()).mininterval
+        20.0
+    """
     from splice.collectors._progress import require_tqdm
 
     tqdm = require_tqdm()
+    terminal = hasattr(file, "isatty") and file.isatty()
     return tqdm(
-        total=config.total_frames,
+        total=total,
         unit="frames",
         unit_scale=True,
-        desc=config.agent,
+        desc=desc,
         dynamic_ncols=True,
-        file=sys.stderr,
+        file=file,
+        mininterval=0.5 if terminal else 20.0,
     )
+
+
+def _task_name(config: R2D2Config) -> str:
+    return f"velocity-masked {config.env_id}" if config.masked else config.env_id
 
 
 if __name__ == "__main__":

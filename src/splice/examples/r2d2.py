@@ -1,7 +1,10 @@
-"""Recurrent DQN (R2D2-style) on velocity-masked CartPole, built from splice's parts.
+"""Recurrent DQN (R2D2-style) on a partially observed task, built from splice's parts.
+
+The default task is velocity-masked CartPole; any gymnasium env with discrete actions works
+(``R2D2Config(env_id=...)``, see :func:`splice.examples.tasks.make_task`).
 
 * **Collection**: :class:`splice.Collector` runs an epsilon-greedy recurrent policy on 16
-  vectorised masked-CartPole envs **in the background** (``collector.start()``), carrying the
+  vectorised envs **in the background** (``collector.start()``), carrying the
   LSTM state from step to step, zeroing it at episode starts and storing the state entering
   every step; it writes into a :class:`splice.ReplayBuffer`.
 * **Replay**: a :class:`splice.SliceSampler` draws ``[32, burn_in + seq_len]`` sequences that
@@ -38,6 +41,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
+import gymnasium as gym
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -45,8 +49,8 @@ from tensordict import TensorDictBase
 from torch import Tensor, nn
 
 from splice.collectors import Collector
-from splice.examples.masked_cartpole import KEPT, make_masked_cartpole
 from splice.examples.qnets import ENV_INDEX_KEY, STATE_KEY, EpsilonGreedy, MLPQNet, RecurrentQNet
+from splice.examples.tasks import MASKABLE, make_task, task_dims
 from splice.layout import DONE, MASK, NEXT_OBSERVATION, OBSERVATION, REWARD, TERMINATED
 from splice.replay import BURN_IN, LazyTensorStorage, ReplayBuffer, SliceSampler
 
@@ -55,7 +59,6 @@ __all__ = ["AGENTS", "R2D2Config", "TrainResult", "evaluate", "n_step_targets", 
 Agent = Literal["recurrent", "mlp", "naive"]
 #: The agents ``train`` can run (see the module docs).
 AGENTS: tuple[Agent, ...] = ("recurrent", "mlp", "naive")
-N_ACTIONS = 2
 
 
 @dataclass
@@ -64,6 +67,11 @@ class R2D2Config:
 
     Attributes:
         agent: ``"recurrent"``, ``"mlp"`` or ``"naive"`` (see the module docs).
+        env_id: the gymnasium env (discrete actions; see :func:`~splice.examples.tasks.make_task`).
+        mask_velocity: remove CartPole's velocities; ``None`` (default): yes for
+            ``CartPole-v1``, no for any other env.
+        max_episode_steps: time limit of training and evaluation episodes; ``None`` keeps the
+            env's own.
         seed: seeds the envs, the policy's exploration, the network and the sampler.
         total_frames: environment steps to collect (dead autoreset steps are not counted).
         time_limit: stop training after this many seconds even if frames remain.
@@ -94,6 +102,9 @@ class R2D2Config:
     """
 
     agent: Agent = "recurrent"
+    env_id: str = MASKABLE
+    mask_velocity: bool | None = None
+    max_episode_steps: int | None = None
     seed: int = 0
     total_frames: int = 150_000
     time_limit: float = 480.0
@@ -128,6 +139,20 @@ class R2D2Config:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
 
+    @property
+    def masked(self) -> bool:
+        """Whether CartPole's velocities are removed (``mask_velocity`` resolved)."""
+        return self.env_id == MASKABLE if self.mask_velocity is None else self.mask_velocity
+
+    def make_env(self, num_envs: int) -> gym.vector.VectorEnv:
+        """``num_envs`` envs of the run's task."""
+        return make_task(
+            self.env_id,
+            num_envs,
+            mask_velocity=self.masked,
+            max_episode_steps=self.max_episode_steps,
+        )
+
     def epsilon(self, frames: int) -> float:
         """Linear decay from ``eps_start`` to ``eps_end`` over ``eps_decay_frames``."""
         frac = min(1.0, frames / max(1, self.eps_decay_frames))
@@ -136,13 +161,21 @@ class R2D2Config:
 
 @dataclass
 class TrainResult:
-    """What a run produced: the learning curve, the final evaluation and timings."""
+    """What a run produced: the learning curve, the final evaluations and timings.
+
+    ``final_returns`` are the greedy returns of the model the run keeps: the checkpoint with
+    the best periodic evaluation (taken at ``kept_frames``, where it scored
+    ``kept_eval_return``) when ``keep_best`` is set, else the last weights.
+    ``last_returns`` are those of the last weights, on the same episodes.
+    """
 
     config: dict[str, Any]
     curve: list[dict[str, float]] = field(default_factory=list)
     episodes: list[tuple[int, float]] = field(default_factory=list)
     final_returns: list[float] = field(default_factory=list)
     last_returns: list[float] = field(default_factory=list)
+    kept_frames: int | None = None
+    kept_eval_return: float | None = None
     frames: int = 0
     updates: int = 0
     train_seconds: float = 0.0
@@ -163,11 +196,11 @@ class TrainResult:
         return out
 
 
-def make_network(config: R2D2Config) -> RecurrentQNet | MLPQNet:
+def make_network(config: R2D2Config, obs_dim: int, n_actions: int) -> RecurrentQNet | MLPQNet:
     """The Q-network of ``config.agent``."""
     if config.agent == "mlp":
-        return MLPQNet(len(KEPT), N_ACTIONS, config.hidden)
-    return RecurrentQNet(len(KEPT), N_ACTIONS, config.hidden, config.cell)
+        return MLPQNet(obs_dim, n_actions, config.hidden)
+    return RecurrentQNet(obs_dim, n_actions, config.hidden, config.cell)
 
 
 def make_replay(config: R2D2Config) -> ReplayBuffer:
@@ -297,25 +330,42 @@ class Learner:
 
 
 @torch.no_grad()
-def evaluate(net: RecurrentQNet | MLPQNet, episodes: int, seed: int) -> np.ndarray:
-    """Greedy returns of ``episodes`` episodes (one per parallel env, capped at 500 steps).
+def evaluate(
+    net: RecurrentQNet | MLPQNet,
+    env: gym.vector.VectorEnv,
+    seed: int,
+    *,
+    max_steps: int = 100_000,
+) -> np.ndarray:
+    """Greedy returns of one episode per env of ``env`` (stopped after ``max_steps`` steps).
 
     Examples:
-        >>> evaluate(MLPQNet(2, 2, hidden=8), episodes=3, seed=0).shape
+        >>> from splice.examples.tasks import make_task
+        >>> env = make_task("CartPole-v1", num_envs=3, mask_velocity=True)
+        >>> evaluate(MLPQNet(2, 2, hidden=8), env, seed=0).shape
         (3,)
     """
-    env = make_masked_cartpole(episodes)
+    obs, _ = env.reset(seed=seed)
+    episodes = env.num_envs
+    state = net.initial_state(episodes)
+    returns = np.zeros(episodes)
+    alive = np.ones(episodes, dtype=bool)
+    for _ in range(max_steps):
+        q, state = net(torch.from_numpy(obs)[:, None], state)
+        obs, reward, terminated, truncated, _ = env.step(q[:, 0].argmax(-1).numpy())
+        returns += reward * alive
+        alive &= ~(terminated | truncated)
+        if not alive.any():
+            break
+    return returns
+
+
+def _evaluate(
+    config: R2D2Config, net: RecurrentQNet | MLPQNet, episodes: int, seed: int
+) -> np.ndarray:
+    env = config.make_env(episodes)
     try:
-        obs, _ = env.reset(seed=seed)
-        state = net.initial_state(episodes)
-        returns = np.zeros(episodes)
-        alive = np.ones(episodes, dtype=bool)
-        while alive.any():
-            q, state = net(torch.from_numpy(obs)[:, None], state)
-            obs, reward, terminated, truncated, _ = env.step(q[:, 0].argmax(-1).numpy())
-            returns += reward * alive
-            alive &= ~(terminated | truncated)
-        return returns
+        return evaluate(net, env, seed)
     finally:
         env.close()
 
@@ -324,7 +374,7 @@ Progress = Callable[[dict[str, float]], None]
 
 
 def train(config: R2D2Config, *, progress: Progress | None = None) -> TrainResult:
-    """Train ``config.agent`` on velocity-masked CartPole; evaluate it greedily at the end.
+    """Train ``config.agent`` on ``config``'s task; evaluate it greedily at the end.
 
     Args:
         config: the run's settings.
@@ -335,15 +385,17 @@ def train(config: R2D2Config, *, progress: Progress | None = None) -> TrainResul
     start_wall, start_cpu = time.perf_counter(), time.process_time()
     torch.set_num_threads(config.threads)
     torch.manual_seed(config.seed)
-    net = make_network(config)
+    env = config.make_env(config.num_envs)
+    obs_dim, n_actions = task_dims(env)
+    net = make_network(config, obs_dim, n_actions)
     policy = EpsilonGreedy(
-        net, N_ACTIONS, seed=config.seed, epsilon=config.eps_start,
+        net, n_actions, seed=config.seed, epsilon=config.eps_start,
         tag_env_index=config.agent == "naive",
     )  # fmt: skip
     replay = make_replay(config)
     learner = Learner(net, config)
     collector = Collector(
-        make_masked_cartpole(config.num_envs),
+        env,
         policy,
         frames_per_batch=config.num_envs * config.steps_per_batch,
         total_frames=config.total_frames,
@@ -352,7 +404,7 @@ def train(config: R2D2Config, *, progress: Progress | None = None) -> TrainResul
         track_episodes=True,
     )
     result = TrainResult(config=asdict(config))
-    best: tuple[float, dict[str, Tensor] | None] = (-np.inf, None)
+    best: tuple[float, float, dict[str, Tensor] | None] = (-np.inf, 0.0, None)
     losses: list[float] = []
     next_eval = config.eval_every
     max_lag = 2 * config.num_envs * config.steps_per_batch // config.frames_per_update
@@ -381,11 +433,13 @@ def train(config: R2D2Config, *, progress: Progress | None = None) -> TrainResul
                 time.sleep(0.0005)
             if frames >= next_eval:
                 next_eval += config.eval_every
-                returns = evaluate(net, config.eval_every_episodes, seed=10_000 + len(result.curve))
+                returns = _evaluate(
+                    config, net, config.eval_every_episodes, seed=10_000 + len(result.curve)
+                )
                 point = _curve_point(frames, returns, collector.episode_log, losses, start_wall)
                 result.curve.append(point)
                 if point["eval_return"] >= best[0]:
-                    best = (point["eval_return"], copy.deepcopy(net.state_dict()))
+                    best = (point["eval_return"], frames, copy.deepcopy(net.state_dict()))
                 if progress is not None:
                     progress(point)
             elif progress is not None and time.perf_counter() - last_report > 0.5:
@@ -399,10 +453,11 @@ def train(config: R2D2Config, *, progress: Progress | None = None) -> TrainResul
     result.frames, result.updates = replay.write_count, learner.updates
     result.episodes = list(collector.episode_log)
     final_seed = 999_000 + config.seed
-    result.last_returns = evaluate(net, config.eval_episodes, seed=final_seed).tolist()
-    if config.keep_best and best[1] is not None:
-        net.load_state_dict(best[1])
-        result.final_returns = evaluate(net, config.eval_episodes, seed=final_seed).tolist()
+    result.last_returns = _evaluate(config, net, config.eval_episodes, final_seed).tolist()
+    if config.keep_best and best[2] is not None:
+        net.load_state_dict(best[2])
+        result.kept_frames, result.kept_eval_return = int(best[1]), float(best[0])
+        result.final_returns = _evaluate(config, net, config.eval_episodes, final_seed).tolist()
     else:
         result.final_returns = result.last_returns
     result.wall_seconds = time.perf_counter() - start_wall
