@@ -43,9 +43,7 @@ def test_discrete_observation_is_one_hot() -> None:
 
 
 def test_masked_cartpole_keeps_position_and_angle() -> None:
-    full, masked = (
-        make_task("CartPole-v1", num_envs=2, mask_velocity=m) for m in (False, True)
-    )
+    full, masked = (make_task("CartPole-v1", num_envs=2, mask_velocity=m) for m in (False, True))
     full_obs, _ = full.reset(seed=3)
     masked_obs, _ = masked.reset(seed=3)
     assert np.array_equal(masked_obs, full_obs[:, [0, 2]])

@@ -134,9 +134,7 @@ def _register(env_id: str) -> str:
     return env_id
 
 
-def _flattenable_keys(
-    env_id: str, obs: gym.Space[Any], act: gym.Space[Any]
-) -> list[str] | None:
+def _flattenable_keys(env_id: str, obs: gym.Space[Any], act: gym.Space[Any]) -> list[str] | None:
     """Check the spaces; for a Dict observation with parts that cannot be flattened (a Text
     mission), the keys to keep, else ``None``."""
     if not isinstance(act, gym.spaces.Discrete):
