@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from splice.cli import build_parser, main, progress_bar
+from splice.cli import build_parser, main
+from splice.collectors._progress import make_bar
 
 
 def _train(tmp_path: Path, *args: str) -> dict:
@@ -61,8 +62,8 @@ def test_progress_bar_is_live_on_a_terminal() -> None:
         def isatty(self) -> bool:
             return True
 
-    assert progress_bar(100, "x", Terminal()).mininterval < 1.0
-    assert progress_bar(100, "x", io.StringIO()).mininterval >= 10.0
+    assert make_bar(100, file=Terminal()).mininterval < 1.0
+    assert make_bar(100, file=io.StringIO()).mininterval >= 10.0
 
 
 @pytest.mark.parametrize(
@@ -72,6 +73,7 @@ def test_progress_bar_is_live_on_a_terminal() -> None:
         (["--env", "NoSuchEnv-v0"], "unknown gymnasium env id"),
         (["--env", "popgym-RepeatFirstEasy-v0", "--mask-velocity"], "CartPole-v1 only"),
         (["--frames", "0"], "total_frames must be >= 1"),
+        (["--gamma", "1.5"], "gamma must be in [0, 1]"),
     ],
 )
 def test_bad_arguments_are_usage_errors(

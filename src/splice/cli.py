@@ -14,10 +14,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
-from typing import Any
 
+from splice.collectors._progress import make_bar
 from splice.examples.r2d2 import AGENTS, R2D2Config, TrainResult
 from splice.examples.tasks import MASKABLE
 
@@ -83,6 +82,16 @@ def build_parser() -> argparse.ArgumentParser:
         default=defaults.time_limit,
         help=f"stop training after this many seconds (default {defaults.time_limit:.0f})",
     )
+    train.add_argument(
+        "--gamma", type=float, default=defaults.gamma, help=f"discount (default {defaults.gamma})"
+    )
+    train.add_argument(
+        "--reward-scale",
+        type=float,
+        default=defaults.reward_scale,
+        help="multiply rewards by this in the learning targets (returns are reported "
+        f"unscaled; default {defaults.reward_scale:g})",
+    )
     train.add_argument("--output", type=Path, default=Path("outputs/train"), help="output folder")
     train.add_argument("--quiet", action="store_true", help="no progress bar")
     return parser
@@ -102,6 +111,8 @@ def main(argv: list[str] | None = None) -> int:
                 mask_velocity=args.mask_velocity,
                 max_episode_steps=args.max_episode_steps,
                 seed=args.seed,
+                gamma=args.gamma,
+                reward_scale=args.reward_scale,
                 total_frames=args.frames,
                 time_limit=args.time_limit,
             )
@@ -121,7 +132,7 @@ def run_one(config: R2D2Config, output: Path, *, quiet: bool) -> TrainResult:
     from splice.examples.r2d2 import train
 
     output.mkdir(parents=True, exist_ok=True)
-    bar = None if quiet else progress_bar(config.total_frames, config.agent, sys.stderr)
+    bar = None if quiet else make_bar(config.total_frames, desc=config.agent)
     last_eval = float("nan")
 
     def progress(point: dict[str, float]) -> None:
@@ -193,29 +204,6 @@ def plot_curves(results: dict[str, TrainResult], path: Path) -> Path:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
-
-
-def progress_bar(total: int, desc: str, file: Any) -> Any:
-    """A tqdm bar on ``file``: live on a terminal, a line every 20 s or so otherwise (a log).
-
-    Examples:
-        >>> import io
-        >>> progress_bar(1000, "recurrent", io.StringIO()).mininterval
-        20.0
-    """
-    from splice.collectors._progress import require_tqdm
-
-    tqdm = require_tqdm()
-    terminal = hasattr(file, "isatty") and file.isatty()
-    return tqdm(
-        total=total,
-        unit="frames",
-        unit_scale=True,
-        desc=desc,
-        dynamic_ncols=True,
-        file=file,
-        mininterval=0.5 if terminal else 20.0,
-    )
 
 
 def _task_name(config: R2D2Config) -> str:

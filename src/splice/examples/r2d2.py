@@ -87,7 +87,10 @@ class R2D2Config:
         frames_per_update: collected frames per gradient step (the replay ratio).
         n_step: steps of the n-step return.
         gamma: discount.
-        lr: Adam learning rate.
+        reward_scale: rewards are multiplied by this in the learning targets (returns are
+            reported unscaled); popgym's per-step rewards are ~1/episode length.
+        lr: Adam learning rate at the start.
+        lr_end: learning rate at ``total_frames``, reached linearly (``None``: constant ``lr``).
         grad_clip: gradient-norm clip.
         target_update: gradient steps between target-network copies.
         eps_start: initial exploration rate.
@@ -120,7 +123,9 @@ class R2D2Config:
     frames_per_update: int = 8
     n_step: int = 5
     gamma: float = 0.995
+    reward_scale: float = 1.0
     lr: float = 5e-4
+    lr_end: float | None = None
     grad_clip: float = 10.0
     target_update: int = 500
     eps_start: float = 1.0
@@ -138,6 +143,10 @@ class R2D2Config:
         for name in ("total_frames", "num_envs", "steps_per_batch", "seq_len", "batch_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not 0.0 <= self.gamma <= 1.0:
+            raise ValueError(f"gamma must be in [0, 1], got {self.gamma}")
+        if not self.reward_scale > 0:
+            raise ValueError(f"reward_scale must be > 0, got {self.reward_scale}")
 
     @property
     def masked(self) -> bool:
@@ -152,6 +161,13 @@ class R2D2Config:
             mask_velocity=self.masked,
             max_episode_steps=self.max_episode_steps,
         )
+
+    def learning_rate(self, frames: int) -> float:
+        """Linear from ``lr`` to ``lr_end`` over ``total_frames`` (constant without ``lr_end``)."""
+        if self.lr_end is None:
+            return self.lr
+        frac = min(1.0, frames / self.total_frames)
+        return self.lr + frac * (self.lr_end - self.lr)
 
     def epsilon(self, frames: int) -> float:
         """Linear decay from ``eps_start`` to ``eps_end`` over ``eps_decay_frames``."""
@@ -282,6 +298,11 @@ class Learner:
         self.optimizer = torch.optim.Adam(net.parameters(), lr=config.lr)
         self.updates = 0
 
+    def set_learning_rate(self, lr: float) -> None:
+        """Use ``lr`` from the next gradient step on."""
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+
     def update(self, data: TensorDictBase, info: dict[str, Any]) -> float:
         """One gradient step on a ``[S, L]`` sample; returns the loss."""
         cfg = self.config
@@ -304,7 +325,7 @@ class Learner:
             next_value = q_target[:, 1:].gather(-1, best).squeeze(-1)
             mask = data[MASK]
             targets = n_step_targets(
-                data[REWARD].squeeze(-1),
+                data[REWARD].squeeze(-1) * cfg.reward_scale,
                 data[TERMINATED].squeeze(-1),
                 data[DONE].squeeze(-1),
                 mask,
@@ -415,6 +436,7 @@ def train(config: R2D2Config, *, progress: Progress | None = None) -> TrainResul
         while True:
             frames = replay.write_count
             policy.epsilon = config.epsilon(frames)
+            learner.set_learning_rate(config.learning_rate(frames))
             due = max(0, frames - config.learning_starts) // config.frames_per_update
             out_of_time = time.perf_counter() - start_wall > config.time_limit
             # Rate limiter: the collector may run ahead of the learner by two batches at most.
@@ -433,6 +455,9 @@ def train(config: R2D2Config, *, progress: Progress | None = None) -> TrainResul
                 time.sleep(0.0005)
             if frames >= next_eval:
                 next_eval += config.eval_every
+                if not paused and collector.running:  # no collection while evaluating
+                    collector.pause()
+                    paused = True
                 returns = _evaluate(
                     config, net, config.eval_every_episodes, seed=10_000 + len(result.curve)
                 )
