@@ -39,7 +39,7 @@ import copy
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import gymnasium as gym
 import numpy as np
@@ -47,6 +47,7 @@ import torch
 import torch.nn.functional as F
 from tensordict import TensorDictBase
 from torch import Tensor, nn
+from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
 from splice.collectors import Collector
 from splice.examples.qnets import ENV_INDEX_KEY, STATE_KEY, EpsilonGreedy, MLPQNet, RecurrentQNet
@@ -90,7 +91,9 @@ class R2D2Config:
         reward_scale: rewards are multiplied by this in the learning targets (returns are
             reported unscaled); popgym's per-step rewards are ~1/episode length.
         lr: Adam learning rate at the start.
-        lr_end: learning rate at ``total_frames``, reached linearly (``None``: constant ``lr``).
+        lr_end: learning rate at ``total_frames``, reached linearly from ``lr_decay_start``
+            frames on (``None``: constant ``lr``).
+        lr_decay_start: frames collected when the learning rate starts to decay.
         grad_clip: gradient-norm clip.
         target_update: gradient steps between target-network copies.
         eps_start: initial exploration rate.
@@ -99,6 +102,9 @@ class R2D2Config:
         eval_every: frames between periodic greedy evaluations (the learning curve).
         eval_every_episodes: episodes per periodic evaluation.
         eval_episodes: episodes of the final evaluation (on seeds not used before).
+        polyak: also keep an exponential moving average of the weights, updated after every
+            gradient step with this decay (Polyak averaging; ``None``: off), and evaluate it
+            at the end (``averaged_returns``).
         keep_best: evaluate the final policy from the checkpoint with the best periodic
             evaluation (model selection on held-out episodes), rather than the last weights.
         threads: torch intra-op threads (1 is fastest for these small networks).
@@ -126,6 +132,7 @@ class R2D2Config:
     reward_scale: float = 1.0
     lr: float = 5e-4
     lr_end: float | None = None
+    lr_decay_start: int = 0
     grad_clip: float = 10.0
     target_update: int = 500
     eps_start: float = 1.0
@@ -134,6 +141,7 @@ class R2D2Config:
     eval_every: int = 5_000
     eval_every_episodes: int = 20
     eval_episodes: int = 20
+    polyak: float | None = None
     keep_best: bool = True
     threads: int = 1
 
@@ -163,10 +171,12 @@ class R2D2Config:
         )
 
     def learning_rate(self, frames: int) -> float:
-        """Linear from ``lr`` to ``lr_end`` over ``total_frames`` (constant without ``lr_end``)."""
-        if self.lr_end is None:
+        """``lr``, then from ``lr_decay_start`` frames on linear down to ``lr_end`` at
+        ``total_frames`` (constant ``lr`` without ``lr_end``)."""
+        if self.lr_end is None or frames <= self.lr_decay_start:
             return self.lr
-        frac = min(1.0, frames / self.total_frames)
+        span = max(1, self.total_frames - self.lr_decay_start)
+        frac = min(1.0, (frames - self.lr_decay_start) / span)
         return self.lr + frac * (self.lr_end - self.lr)
 
     def epsilon(self, frames: int) -> float:
@@ -182,7 +192,8 @@ class TrainResult:
     ``final_returns`` are the greedy returns of the model the run keeps: the checkpoint with
     the best periodic evaluation (taken at ``kept_frames``, where it scored
     ``kept_eval_return``) when ``keep_best`` is set, else the last weights.
-    ``last_returns`` are those of the last weights, on the same episodes.
+    ``last_returns`` are those of the last weights, on the same episodes, and
+    ``averaged_returns`` those of the Polyak-averaged weights (with ``polyak`` set).
     """
 
     config: dict[str, Any]
@@ -190,6 +201,7 @@ class TrainResult:
     episodes: list[tuple[int, float]] = field(default_factory=list)
     final_returns: list[float] = field(default_factory=list)
     last_returns: list[float] = field(default_factory=list)
+    averaged_returns: list[float] = field(default_factory=list)
     kept_frames: int | None = None
     kept_eval_return: float | None = None
     frames: int = 0
@@ -208,7 +220,9 @@ class TrainResult:
         out = asdict(self)
         out.pop("episodes")
         out["final_mean"] = self.final_mean
-        out["last_mean"] = float(np.mean(self.last_returns)) if self.last_returns else None
+        for name in ("last", "averaged"):
+            returns = getattr(self, f"{name}_returns")
+            out[f"{name}_mean"] = float(np.mean(returns)) if returns else None
         return out
 
 
@@ -415,6 +429,11 @@ def train(config: R2D2Config, *, progress: Progress | None = None) -> TrainResul
     )  # fmt: skip
     replay = make_replay(config)
     learner = Learner(net, config)
+    averaged = (
+        None
+        if config.polyak is None
+        else AveragedModel(net, multi_avg_fn=get_ema_multi_avg_fn(config.polyak))
+    )
     collector = Collector(
         env,
         policy,
@@ -438,18 +457,21 @@ def train(config: R2D2Config, *, progress: Progress | None = None) -> TrainResul
             policy.epsilon = config.epsilon(frames)
             learner.set_learning_rate(config.learning_rate(frames))
             due = max(0, frames - config.learning_starts) // config.frames_per_update
-            out_of_time = time.perf_counter() - start_wall > config.time_limit
+            if time.perf_counter() - start_wall > config.time_limit:
+                break
             # Rate limiter: the collector may run ahead of the learner by two batches at most.
             if not paused and due - learner.updates > max_lag and collector.running:
                 collector.pause()
                 paused = True
-            if learner.updates < due and not out_of_time:
+            if learner.updates < due:
                 data, info = replay.sample(return_info=True)
                 losses.append(learner.update(data, info))
+                if averaged is not None:
+                    averaged.update_parameters(net)
             elif paused:
                 collector.resume()
                 paused = False
-            elif not collector.running or out_of_time:
+            elif not collector.running:
                 break
             else:
                 time.sleep(0.0005)
@@ -479,6 +501,10 @@ def train(config: R2D2Config, *, progress: Progress | None = None) -> TrainResul
     result.episodes = list(collector.episode_log)
     final_seed = 999_000 + config.seed
     result.last_returns = _evaluate(config, net, config.eval_episodes, final_seed).tolist()
+    if averaged is not None:
+        result.averaged_returns = _evaluate(
+            config, cast(RecurrentQNet | MLPQNet, averaged.module), config.eval_episodes, final_seed
+        ).tolist()
     if config.keep_best and best[2] is not None:
         net.load_state_dict(best[2])
         result.kept_frames, result.kept_eval_return = int(best[1]), float(best[0])
