@@ -10,7 +10,7 @@ STAMP := $(VENV)/.splice-installed
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[dev,bench,docs,train]"
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[dev,bench,docs,train,envs]"
 	touch $(STAMP)
 
 ## demo: the main job: train the recurrent DQN on velocity-masked CartPole (see README)
@@ -22,7 +22,7 @@ test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
-	$(BIN)/pytest
+	$(BIN)/python -m pytest
 
 ## docs: the documentation site, tutorials executed at full size (open docs/_build/html/index.html)
 docs: $(STAMP)

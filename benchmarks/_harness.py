@@ -62,6 +62,28 @@ def interleaved(
     }
 
 
+def frames_per_second(
+    runs: dict[str, tuple[Callable[[int], int], int]], *, rounds: int = 5
+) -> dict[str, float]:
+    """Frames/s of every contender, timed round-robin (:func:`interleaved`).
+
+    Args:
+        runs: name -> ``(run, frames)``, where ``run(frames)`` collects about that many frames
+            and returns how many it did.
+        rounds: timed rounds (median reported).
+    """
+    done: dict[str, int] = {}
+
+    def contender(name: str, run: Callable[[int], int], n: int) -> Callable[[], None]:
+        def call() -> None:
+            done[name] = run(n)
+
+        return call
+
+    timings = interleaved({k: contender(k, r, n) for k, (r, n) in runs.items()}, rounds=rounds)
+    return {k: done[k] / t.median for k, t in timings.items()}
+
+
 def _rss_kib(field: str) -> int:
     for line in Path("/proc/self/status").read_text().splitlines():
         if line.startswith(field):

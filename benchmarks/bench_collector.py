@@ -29,7 +29,7 @@ import torch
 from tensordict import TensorDict
 
 import splice
-from benchmarks._harness import interleaved, parser, table
+from benchmarks._harness import frames_per_second, parser, table
 
 
 class MLPPolicy(torch.nn.Module):
@@ -168,16 +168,7 @@ def measure(
         if made is not None:
             runs["torchrl" + (" tpb" if trajs else "")] = (made[0], torchrl_frames)
             closers.append(made[1].shutdown)
-    done: dict[str, int] = {}
-
-    def contender(name: str, run: Callable[[int], int], n: int) -> Callable[[], None]:
-        def call() -> None:
-            done[name] = run(n)
-
-        return call
-
-    timings = interleaved({k: contender(k, r, n) for k, (r, n) in runs.items()}, rounds=rounds)
-    fps = {k: done[k] / t.median for k, t in timings.items()}
+    fps = frames_per_second(runs, rounds=rounds)
     for close in closers:
         close()
 

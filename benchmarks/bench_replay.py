@@ -9,6 +9,11 @@ buffer; batches of 512 frames (32 slices x 16 steps).
 
 Raw limits: a bare slice copy of each column into preallocated tensors (extend) and a bare
 torch gather of precomputed slice indices (sampling, no boundary bookkeeping at all).
+
+Prioritized replay: splice's ``PrioritizedSampler`` against TorchRL's, 512 of the buffer's
+steps per draw (every step with its own random priority). TorchRL's sampler needs its C++
+extension, which the 0.14.1 wheel cannot load with torch 2.13: see ``_torchrl_ext.py`` for
+rebuilding it from TorchRL's sources (``TORCHRL_SRC``); without it that comparison is skipped.
 """
 
 from __future__ import annotations
@@ -23,8 +28,10 @@ import torch
 from tensordict import TensorDict
 
 from benchmarks._harness import Timing, interleaved, parser, ratio, table
+from benchmarks._torchrl_ext import load_torchrl_extension
 from splice.replay import (
     LazyTensorStorage,
+    PrioritizedSampler,
     PrioritizedSliceSampler,
     RandomSampler,
     ReplayBuffer,
@@ -294,10 +301,68 @@ def bench_loop(capacity: int, chunks: list[TensorDict], rounds: int) -> list[lis
     return [[n, f"{x.median / 5 * 1e3:.3f} ms", ratio(x.median, ref)] for n, x in t.items()]
 
 
+def bench_prioritized(capacity: int, chunks: list[TensorDict], rounds: int) -> list[list[object]]:
+    """PrioritizedSampler (proportional PER, alpha 0.6, beta 0.4) against TorchRL's: the
+    sampler's draw of 512 rows (indices and importance weights), the whole ``sample()``, an
+    update of 512 priorities, and the two in turn (a PER training step: every draw then
+    follows a change of the tree)."""
+    from torchrl.data import LazyTensorStorage as TLazy
+    from torchrl.data import TensorDictReplayBuffer
+    from torchrl.data.replay_buffers.samplers import PrioritizedSampler as TPrioritized
+
+    mine = ReplayBuffer(
+        storage=LazyTensorStorage(capacity),
+        sampler=PrioritizedSampler(capacity, alpha=0.6, beta=0.4, seed=0),
+        batch_size=BATCH,
+    )
+    theirs = TensorDictReplayBuffer(
+        storage=TLazy(capacity),
+        sampler=TPrioritized(capacity, alpha=0.6, beta=0.4),
+        batch_size=BATCH,
+    )
+    gen = torch.Generator().manual_seed(0)
+    for rb in (mine, theirs):
+        fill(rb, chunks)
+        rb.update_priority(torch.arange(capacity), torch.rand(capacity, generator=gen) + 0.01)
+        rb.sample()
+    rows = torch.randint(capacity, (BATCH,), generator=gen)
+    prio = torch.rand(BATCH, generator=gen) + 0.01
+    reps = 20
+    contenders: dict[str, Callable[[], object]] = {
+        "draw: splice": lambda: [mine.sampler.draw(BATCH) for _ in range(reps)],
+        "draw: TorchRL": lambda: [
+            theirs.sampler.sample(theirs.storage, BATCH) for _ in range(reps)
+        ],
+        "sample(): splice": lambda: [mine.sample() for _ in range(reps)],
+        "sample(): TorchRL": lambda: [theirs.sample() for _ in range(reps)],
+        "update_priority(512): splice": lambda: [
+            mine.update_priority(rows, prio) for _ in range(reps)
+        ],
+        "update_priority(512): TorchRL": lambda: [
+            theirs.update_priority(rows, prio) for _ in range(reps)
+        ],
+        "sample() + update_priority(512): splice": lambda: [
+            (mine.sample(), mine.update_priority(rows, prio)) for _ in range(reps)
+        ],
+        "sample() + update_priority(512): TorchRL": lambda: [
+            (theirs.sample(), theirs.update_priority(rows, prio)) for _ in range(reps)
+        ],
+    }
+    t = interleaved(contenders, rounds=rounds, warmup=1)
+    per = {k: v.median / reps for k, v in t.items()}
+    out = []
+    for what in ("draw", "sample()", "update_priority(512)", "sample() + update_priority(512)"):
+        a, b = per[f"{what}: splice"], per[f"{what}: TorchRL"]
+        out.append([what, f"{a * 1e3:.3f} ms", f"{b * 1e3:.3f} ms", ratio(b, a)])
+    return out
+
+
 def main() -> None:
     args = parser(__doc__ or "").parse_args()
     warnings.filterwarnings("ignore")
     torch.set_num_threads(1)
+    # Before TorchRL is imported: its prioritized samplers need the C++ extension.
+    missing_extension = load_torchrl_extension(build=not args.quick)
     capacity = 20_000 if args.quick else 1_000_000
     rounds = 2 if args.quick else 5
     chunks = list(cartpole_stream(capacity, 20.0).split(CHUNK))
@@ -330,6 +395,16 @@ def main() -> None:
     print("\n## extend(1,000) then sample(512), one thread\n")
     loop = bench_loop(capacity, chunks, rounds)
     print(table(["contender", "per extend+sample", "this / splice"], loop))
+    print(f"\n## PrioritizedSampler: 512 of {capacity:,} steps\n")
+    if missing_extension is None:
+        print(
+            table(
+                ["operation", "splice", "TorchRL", "TorchRL / splice"],
+                bench_prioritized(capacity, chunks, 3 if args.quick else 11),
+            )
+        )
+    else:
+        print(f"TorchRL's PrioritizedSampler is unavailable: {missing_extension}")
     print("\n## sample while a background thread extends\n")
     print(
         table(

@@ -26,10 +26,11 @@ from tensordict import TensorDict, TensorDictBase
 
 from benchmarks._harness import interleaved, parser, peak_extra_bytes, ratio, table
 from splice import TrajectoryAssembler, cat_trajectories, split_trajectories
+from splice.contract import flatten_steps
 from splice.layout import CUT, MASK, TRAJ_IDS
 from splice.testing import synthetic_rollout
 from splice.trajectories._index import index_by_id
-from splice.trajectories._tensordict import flatten_batch, leaves
+from splice.trajectories._tensordict import leaves
 from splice.trajectories.split import _strided_view
 
 warnings.filterwarnings("ignore")
@@ -49,10 +50,10 @@ def nbytes(td: TensorDictBase) -> int:
 
 def raw_padded(batch: TensorDict) -> Callable[[], object]:
     """Bare data movement of a padded split, destination index precomputed."""
-    flat = flatten_batch(batch)
+    flat = flatten_steps(batch).columns
     index = index_by_id(flat[TRAJ_IDS])
     dest, rows = index.padded_dest(), index.n_rows * index.max_len
-    tensors = [x for _, x in leaves(flat)]
+    tensors = list(flat.values())
 
     def run() -> list[torch.Tensor]:
         out = []
@@ -67,9 +68,9 @@ def raw_padded(batch: TensorDict) -> Callable[[], object]:
 
 def raw_nested(batch: TensorDict) -> Callable[[], object]:
     """Bare nested views over already-grouped data (sizes precomputed)."""
-    flat = flatten_batch(batch)
+    flat = flatten_steps(batch).columns
     lengths = index_by_id(flat[TRAJ_IDS]).lengths
-    tensors = [x for _, x in leaves(flat)]
+    tensors = list(flat.values())
     return lambda: [_strided_view(x, lengths) for x in tensors]
 
 
@@ -204,7 +205,7 @@ def assembler_row(batches: list[TensorDict], label: str, traj_format: str) -> li
         return emitted
 
     raw_split = raw_padded(torch.cat(batches, 1))
-    flat_batches = [[x for _, x in leaves(flatten_batch(b))] for b in batches]
+    flat_batches = [list(flatten_steps(b).columns.values()) for b in batches]
     pool = [x.new_empty((n_frames, *x.shape[1:])) for x in flat_batches[0]]
 
     def run_raw() -> None:

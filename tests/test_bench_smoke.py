@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -9,14 +10,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def run_quick(module: str) -> list[str]:
+def run_quick(module: str, *args: str, timeout: float = 120) -> list[str]:
     """The stdout lines of ``python -m benchmarks.<module> --quick`` (which must succeed)."""
     out = subprocess.run(
-        [sys.executable, "-m", f"benchmarks.{module}", "--quick"],
+        [sys.executable, "-m", f"benchmarks.{module}", "--quick", *args],
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=timeout,
         check=True,
     )
     return out.stdout.splitlines()
@@ -43,3 +44,43 @@ def test_bench_replay_quick() -> None:
     assert any("TorchRL SliceSampler(cache_values=True)" in line for line in lines)
     assert any("raw gather, precomputed slices" in line for line in lines)
     assert sum(line.startswith("| splice") for line in lines) >= 8
+
+
+def test_bench_envs_quick() -> None:
+    lines = run_quick("bench_envs")
+    ratio = re.compile(r"\| \d+\.\d\dx +\|$")
+    assert any(line.startswith("| Pendulum-v1 ") and ratio.search(line) for line in lines)
+    assert sum(bool(ratio.search(line)) for line in lines) >= 16 + 10  # every family, 1 and N
+    assert any("| plain nn.Module " in line for line in lines)
+    assert any("TensorDictModule (by hand)" in line for line in lines)
+    assert any("random, action_mask" in line for line in lines)
+
+
+def test_bench_targets_quick() -> None:
+    lines = run_quick("bench_targets")
+    for name in ("GAE", "TD(λ)"):
+        rows = [line for line in lines if line.startswith(f"| {name} [")]
+        assert len(rows) == 3, name  # three episode-length cases
+    assert all("n/a" not in line for line in lines if line.startswith("| GAE"))  # TorchRL ran
+
+
+def test_bench_ppo_vs_sb3_quick(tmp_path: Path) -> None:
+    lines = run_quick("bench_ppo_vs_sb3", "--out", str(tmp_path))
+    assert any(line.startswith("| sb3 ") for line in lines)
+    assert any(line.startswith("| splice ") for line in lines)
+    assert {p.name for p in tmp_path.iterdir()} == {"sb3_s0.json", "splice_s0.json"}
+
+
+def test_bench_parallel_quick() -> None:
+    lines = run_quick("bench_parallel", timeout=300)  # starts processes, TorchRL's too
+    for section in (
+        "## Worker start-up",
+        "## Scaling",
+        "## vs TorchRL",
+        "## Overhead",
+        "## Sample",
+    ):
+        assert any(line.startswith(section) for line in lines), section
+    assert any(line.startswith("| MultiSyncCollector ") and "x" in line for line in lines)
+    assert sum(line.startswith("| 1 env / worker") for line in lines) == 2
+    assert any(line.startswith("end: load average") for line in lines)

@@ -1,4 +1,4 @@
-"""``splice train``: any env with discrete actions, the summary, the figure, the progress bar.
+"""``splice train``: any env with discrete actions, PPO, the summary, the figure, the progress bar.
 
 Runs are CI-sized: 6,000 frames reach the first gradient steps (after 5,000) and the first
 periodic evaluation (at 5,000 frames), so a kept checkpoint exists.
@@ -89,3 +89,41 @@ def test_bad_arguments_are_usage_errors(
 def test_default_is_velocity_masked_cartpole() -> None:
     args = build_parser().parse_args(["train"])
     assert (args.env, args.mask_velocity, args.agent) == ("CartPole-v1", None, "recurrent")
+
+
+def test_algo_option_keeps_the_r2d2_options() -> None:
+    args = build_parser().parse_args(["train"])
+    assert (args.algo, args.agent, args.frames, args.time_limit) == (
+        "r2d2",
+        "recurrent",
+        None,
+        None,
+    )
+    args = build_parser().parse_args(["train", "--algo", "ppo", "--frames", "5000"])
+    assert (args.algo, args.frames) == ("ppo", 5000)
+    args = build_parser().parse_args(["train", "--agent", "all", "--seed", "3"])
+    assert (args.algo, args.agent, args.seed) == ("r2d2", "all", 3)
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["train", "--algo", "dqn"])
+
+
+@pytest.mark.timeout(120)
+def test_ppo_run_writes_summary_and_curve(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    assert main(["train", "--algo", "ppo", "--frames", "6144", "--output", str(tmp_path)]) == 0
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["config"]["agent"] == "ppo" and summary["config"]["total_frames"] == 6144
+    assert summary["frames"] >= 6144 and summary["updates"] > 0
+    assert len(summary["final_returns"]) == 20 and len(summary["last_returns"]) == 20
+    assert summary["final_mean"] > 0 and summary["last_mean"] > 0
+    assert summary["curve"] and "eval_return" in summary["curve"][0]
+    assert (tmp_path / "learning_curve.png").stat().st_size > 1000
+    out = capsys.readouterr().out
+    assert "ppo on velocity-masked CartPole-v1 (seed 0): greedy mean return" in out
+
+
+def test_ppo_refuses_another_task(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["train", "--algo", "ppo", "--env", "Acrobot-v1", "--output", str(tmp_path / "o")])
+    assert exit_info.value.code == 2
+    assert "velocity-masked CartPole-v1 only" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()

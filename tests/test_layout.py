@@ -6,7 +6,16 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from splice.layout import DONE, MASK, REWARD, TERMINATED, TRAJ_IDS, TRUNCATED, validate_batch
+from splice.layout import (
+    DONE,
+    MASK,
+    REWARD,
+    TERMINATED,
+    TRAJ_IDS,
+    TRUNCATED,
+    LayoutError,
+    validate_batch,
+)
 from splice.testing import synthetic_rollout
 
 
@@ -19,7 +28,7 @@ def test_collector_like_batch_is_valid() -> None:
     [
         (DONE, torch.zeros(2, 4), r"key \('next', 'done'\): expected dtype torch.bool and shape"),
         (REWARD, torch.zeros(2, 4, 1, dtype=torch.int64), r"\('next', 'reward'\).*floating"),
-        (TRAJ_IDS, torch.zeros(2, 4, dtype=torch.int32), r"traj_ids.*torch.int64.*int32"),
+        (TRAJ_IDS, torch.zeros(2, 4), r"traj_ids.*an integer dtype.*float32"),
         (MASK, torch.ones(2, 4, 1, dtype=torch.bool), r"mask.*shape \[2, 4\].*\[2, 4, 1\]"),
     ],
 )
@@ -44,3 +53,16 @@ def test_done_must_be_terminated_or_truncated() -> None:
     td[DONE][1, 3], td[TERMINATED][1, 3], td[TRUNCATED][1, 3] = False, False, True
     with pytest.raises(ValueError, match=r"terminated \| truncated"):
         validate_batch(td)
+
+
+def test_ids_below_minus_one_break_the_contract() -> None:
+    """-1 is the only padding id (issue 11, item 8): validate_batch refuses any other negative
+    id, naming the key, the first bad id and its position."""
+    td = TensorDict({TRAJ_IDS: torch.tensor([[0, 0, -1], [1, -7, 1]])}, [2, 3])
+    with pytest.raises(
+        LayoutError,
+        match=r"'traj_ids'.*1 trajectory id\(s\) below -1, the first -7 at flat position 4",
+    ):
+        validate_batch(td)
+    td[TRAJ_IDS][1, 1] = -1
+    validate_batch(td)

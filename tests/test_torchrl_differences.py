@@ -91,6 +91,13 @@ def test_argument_names_map_one_to_one():
     }  # fmt: skip
     assert collector_shared <= params(TSingle.__init__) & params(Collector.__init__)
     assert "create_env_fn" in params(TSingle.__init__) and "env" in params(Collector.__init__)
+    from torchrl.collectors._multi_base import MultiCollector  # MultiAsync forwards to it
+
+    multi_shared = collector_shared | {
+        "create_env_fn", "num_workers", "policy_factory", "num_sub_threads",
+    }  # fmt: skip
+    for s_multi in (splice.MultiSyncCollector, splice.MultiAsyncCollector):
+        assert multi_shared <= params(MultiCollector.__init__) & params(s_multi.__init__)
     slice_shared = {
         "num_slices", "slice_len", "end_key", "traj_key", "truncated_key", "init_key",
         "strict_length", "pad_output", "cache_values",
@@ -110,6 +117,24 @@ def test_argument_names_map_one_to_one():
         ReplayBuffer.__init__
     )
     assert {"max_size", "device"} <= params(TStorage.__init__) & params(LazyTensorStorage.__init__)
+    from torchrl.data import LazyMemmapStorage as TMemmap
+    from torchrl.data import PrioritizedSampler as TPrioritized
+    from torchrl.data import SamplerWithoutReplacement as TWithout
+
+    assert {"max_size", "scratch_dir", "device", "ndim", "auto_cleanup"} <= params(
+        TMemmap.__init__
+    ) & params(splice.LazyMemmapStorage.__init__)
+    assert {"max_capacity", "alpha", "beta", "eps", "reduction"} <= params(
+        TPrioritized.__init__
+    ) & params(splice.PrioritizedSampler.__init__)
+    assert {"drop_last", "shuffle"} <= params(TWithout.__init__) & params(
+        splice.SamplerWithoutReplacement.__init__
+    )
+    assert "generator" in params(TReplayBuffer.__init__) & params(ReplayBuffer.__init__)
+    in_place = ["set_at_", "set_", "update_", "state_dict", "load_state_dict", "__setitem__"]
+    assert all(hasattr(TReplayBuffer, m) and hasattr(ReplayBuffer, m) for m in in_place)
+    assert all(hasattr(TCollector, m) for m in ("next", "reset", "set_seed"))
+    assert all(hasattr(Collector, m) for m in ("next", "reset", "set_seed"))
     split_kw = {"prefix", "trajectory_key", "done_key", "as_nested"}
     t_split = inspect.signature(torchrl_split).parameters
     s_split = inspect.signature(split_trajectories).parameters
@@ -319,6 +344,64 @@ def test_traj_format_default_warning():
         next(iter(s_collector(total_frames=200, trajs_per_batch=1)))
 
 
+# ----------------------------------------------------------------- multi-process
+def _t_cartpole():
+    return GymEnv("CartPole-v1")
+
+
+def _t_two_cartpoles():
+    from torchrl.envs import SerialEnv
+
+    return SerialEnv(2, _t_cartpole)
+
+
+def _s_two_cartpoles():
+    return gym.make_vec("CartPole-v1", num_envs=2, vectorization_mode="sync")
+
+
+@pytest.mark.timeout(600)  # TorchRL's workers take ~20 s to start on a loaded 2-core machine
+def test_multi_sync_layout_and_ids():
+    from torchrl.collectors import MultiSyncCollector as TMultiSync
+
+    tc = TMultiSync([_t_two_cartpoles] * 2, None, frames_per_batch=40, total_frames=40)
+    (t_batch,) = list(tc)
+    tc.shutdown()
+    assert t_batch.batch_size == torch.Size([2, 2, 10])  # stacked: [workers, envs, T]
+    t_ids = t_batch["collector", "traj_ids"][..., 0].flatten().tolist()
+    assert sorted(t_ids) == [0, 1, 2, 3]  # one counter shared by every env of every worker
+    with splice.MultiSyncCollector(
+        [_s_two_cartpoles] * 2, frames_per_batch=40, total_frames=40
+    ) as sc:
+        (s_batch,) = list(sc)
+    assert s_batch.batch_size == torch.Size([4, 10])  # env rows concatenated: [B_total, T]
+    spaces = splice.collectors.ids.worker_of(s_batch["collector", "traj_ids"][:, 0]).tolist()
+    assert spaces[0] == spaces[1] != spaces[2] == spaces[3]  # an id space per worker
+
+
+@pytest.mark.timeout(600)
+def test_multi_start_honours_total_frames():
+    from torchrl.collectors import MultiSyncCollector as TMultiSync
+
+    trb = TReplayBuffer(storage=TStorage(100_000))
+    tc = TMultiSync(
+        [_t_cartpole] * 2, None, frames_per_batch=20, total_frames=40, replay_buffer=trb
+    )
+    tc.start()
+    deadline = time.monotonic() + 120
+    while len(trb) <= 200 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    tc.async_shutdown()
+    assert len(trb) > 200  # far past total_frames=40: the workers run until shutdown
+    rb = ReplayBuffer(storage=LazyTensorStorage(100_000))
+    sc = splice.MultiSyncCollector(
+        [_s_two_cartpoles] * 2, frames_per_batch=20, total_frames=40, replay_buffer=rb
+    )
+    sc.start()
+    sc.wait(timeout=60)
+    sc.shutdown()
+    assert len(rb) == rb.write_count == 40 == sum(sc.worker_frames)
+
+
 # ----------------------------------------------------------------- replay
 def _cartpole_batch(n_env=4, frames=400, **kw):
     env = gym.make_vec("CartPole-v1", num_envs=n_env, vectorization_mode="sync")
@@ -488,3 +571,77 @@ def test_default_weighting_is_per_trajectory():
         rb.extend(td)
         short = (rb.sample()["collector", "traj_ids"] == 0).float().mean()
         assert low < short < high, weighting
+
+
+# --------------------------------------------------------------------------- value targets
+
+
+def _two_trajectories(set_truncated: bool) -> TensorDict:
+    """The "cat" layout: trajectory 4 cut after 3 steps, then trajectory 5 terminated."""
+    cut = torch.tensor([False, False, True, False, False])
+    ended = torch.tensor([False, False, False, False, True])
+    flag = lambda x: x.unsqueeze(-1)  # noqa: E731
+    return TensorDict(
+        {
+            ("next", "reward"): torch.ones(5, 1),
+            ("next", "terminated"): flag(ended),
+            ("next", "truncated"): flag(cut & set_truncated),
+            ("next", "done"): flag(ended | (cut & set_truncated)),
+            ("collector", "traj_ids"): torch.tensor([4, 4, 4, 5, 5]),
+            ("collector", "cut"): cut,
+        },
+        batch_size=[5],
+    )
+
+
+def test_value_targets_stop_at_cuts_and_id_changes():
+    from torchrl.objectives.value.functional import generalized_advantage_estimate
+
+    value, next_value = torch.zeros(5, 1), torch.full((5, 1), 10.0)
+    for set_truncated in (False, True):
+        td = _two_trajectories(set_truncated)
+        ours = splice.targets.gae(td, value, next_value, gamma=0.5, lmbda=1.0)[0]
+        theirs = generalized_advantage_estimate(
+            0.5, 1.0, value, next_value, td["next", "reward"], td["next", "done"],
+            td["next", "terminated"],
+        )[0]  # fmt: skip
+        # splice: the cut step bootstraps (1 + 0.5 * 10 = 6), either way
+        assert ours[2].item() == 6.0
+        if set_truncated:
+            assert torch.equal(ours, theirs)
+        else:  # TorchRL runs on past the cut into trajectory 5
+            assert theirs[2].item() != 6.0
+            assert torch.equal(ours[3:], theirs[3:])
+
+
+def test_value_targets_ignore_padding():
+    from torchrl.objectives.value.functional import generalized_advantage_estimate
+
+    td = _two_trajectories(False)[:3].unsqueeze(0)  # one fragment: cut after 3 steps
+    padded = torch.cat([td, td[:, :1].clone().zero_()], 1)  # + 1 padding step
+    padded["collector", "mask"] = torch.tensor([[True, True, True, False]])
+    padded["next", "reward"][0, 3] = 100.0  # garbage on the padding
+    value = torch.zeros(1, 4, 1)
+    next_value = torch.tensor([[10.0, 10.0, 10.0, float("nan")]]).unsqueeze(-1)
+    ours = splice.targets.gae(padded, value, next_value, gamma=0.5, lmbda=1.0)[0]
+    theirs = generalized_advantage_estimate(
+        0.5, 1.0, value, next_value.nan_to_num(), padded["next", "reward"],
+        padded["next", "done"], padded["next", "terminated"],
+    )[0]  # fmt: skip
+    assert torch.equal(ours[0, :3].squeeze(-1), torch.tensor([10.5, 9.0, 6.0]))
+    assert ours[0, 3].item() == 0.0
+    assert theirs[0, 2].item() == 6.0 + 0.5 * 100.0  # the padding's reward leaked in
+
+
+def test_vec_gae_fails_at_lambda_zero():
+    from torchrl.objectives.value.functional import vec_generalized_advantage_estimate
+
+    td = _two_trajectories(True)
+    value, next_value = torch.zeros(5, 1), torch.full((5, 1), 10.0)
+    with pytest.raises(IndexError, match="tuple index out of range"):
+        vec_generalized_advantage_estimate(
+            0.5, 0.0, value, next_value, td["next", "reward"], td["next", "done"],
+            td["next", "terminated"],
+        )  # fmt: skip
+    ours = splice.targets.gae(td, value, next_value, gamma=0.5, lmbda=0.0)[0]
+    assert torch.equal(ours.squeeze(-1), torch.tensor([6.0, 6.0, 6.0, 6.0, 1.0]))

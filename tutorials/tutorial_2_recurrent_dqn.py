@@ -98,7 +98,9 @@ ax.imshow(suit, cmap=SUIT_COLORS, aspect="auto", interpolation="nearest")
 ax.scatter(cols, rows, s=60, facecolors="none", edgecolors="white", linewidths=1.8)
 ax.set_xlabel("step of the batch")
 ax.set_ylabel("env")
-ax.set_title("Suit of each card (colour); circled: an episode's first card", fontsize=10)
+ax.set_title(
+    "Suit of each card (colour); circled: an episode's first card", fontsize=10
+)
 fig.tight_layout()
 
 # %%
@@ -117,7 +119,9 @@ fig.tight_layout()
 
 W = 40
 steps = torch.arange(suit.shape[1])
-first_step = torch.where(starts, steps, 0).cummax(-1).values  # start of each step's episode
+first_step = (
+    torch.where(starts, steps, 0).cummax(-1).values
+)  # start of each step's episode
 windows = range(suit.shape[1] - W + 1)
 not_seen = torch.stack([first_step[:, s : s + W] < s for s in windows])
 crossing = torch.stack([starts[:, s + 1 : s + W].any(-1) for s in windows])
@@ -213,7 +217,7 @@ fig.tight_layout()
 # (:meth:`~splice.Collector.start`) writes ``[16, 8]`` batches from 16 envs into the replay
 # buffer while the main thread samples sequences and takes one gradient step per 8 frames
 # collected; n-step double-DQN targets (5 steps, bootstrapping on truncation but not on
-# termination, see :func:`~splice.examples.r2d2.n_step_targets`); epsilon-greedy
+# termination, see :func:`splice.targets.n_step_return`); epsilon-greedy
 # exploration from 1.0 down to 0.05. Two settings are specific to RepeatFirst: a discount of
 # 0.9, because each answer is rewarded at once and does not change the cards that follow (a
 # long horizon would only add the noise of future answers to every target), and rewards
@@ -264,7 +268,8 @@ fig.tight_layout()
 # with the best periodic evaluation) and the *last* weights.
 
 RESULTS = next(
-    p for p in [Path("../docs/_data/repeat_first"), Path("docs/_data/repeat_first")]
+    p
+    for p in [Path("../docs/_data/repeat_first"), Path("docs/_data/repeat_first")]
     if p.is_dir()
 )  # the docs build runs this page from tutorials/, a terminal from the repository
 runs = {"recurrent": [], "naive": [], "mlp": []}
@@ -283,7 +288,9 @@ ax.axhline(0.9, color="grey", linestyle="--", linewidth=0.8, label="solved (0.9)
 ax.axhline(-0.5, color="grey", linestyle=":", linewidth=0.8, label="guessing")
 ax.set_xlabel("frames collected")
 ax.set_ylabel("normalised return (greedy)")
-ax.set_title("RepeatFirst: mean of 3 seeds (line) and their range (band)", fontsize=10)
+ax.set_title(
+    "RepeatFirst: mean of 3 seeds (line) and their range (band)", fontsize=10
+)
 ax.legend(loc="center right")
 fig.tight_layout()
 

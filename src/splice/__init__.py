@@ -3,19 +3,28 @@
 Examples:
     >>> import splice
     >>> sorted(splice.__all__)[:3]
-    ['Collector', 'LayoutError', 'LazyMemmapStorage']
+    ['Collector', 'EnvError', 'LayoutError']
 """
 
-from splice import layout
-from splice.collectors import Collector, TrajectoryIds
+from splice import layout, targets
+from splice.collectors import (
+    Collector,
+    MultiAsyncCollector,
+    MultiSyncCollector,
+    TrajectoryIds,
+    WorkerError,
+)
+from splice.envs import EnvError
 from splice.layout import LayoutError, validate_batch
-from splice.policies import RandomPolicy
+from splice.policies import PolicyError, RandomPolicy, as_policy
 from splice.replay import (
     LazyMemmapStorage,
     LazyTensorStorage,
+    PrioritizedSampler,
     PrioritizedSliceSampler,
     RandomSampler,
     ReplayBuffer,
+    SamplerWithoutReplacement,
     SliceSampler,
     SliceSamplerWithoutReplacement,
 )
@@ -25,19 +34,28 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Collector",
+    "EnvError",
     "LayoutError",
     "LazyMemmapStorage",
     "LazyTensorStorage",
+    "MultiAsyncCollector",
+    "MultiSyncCollector",
+    "PolicyError",
+    "PrioritizedSampler",
     "PrioritizedSliceSampler",
     "RandomPolicy",
     "RandomSampler",
     "ReplayBuffer",
+    "SamplerWithoutReplacement",
     "SliceSampler",
     "SliceSamplerWithoutReplacement",
     "TrajectoryAssembler",
     "TrajectoryIds",
+    "WorkerError",
+    "as_policy",
     "cat_trajectories",
     "layout",
     "split_trajectories",
+    "targets",
     "validate_batch",
 ]

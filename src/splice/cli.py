@@ -1,7 +1,9 @@
-"""The ``splice`` command: ``splice train`` runs the recurrent DQN on a partially observed task.
+"""The ``splice`` command: ``splice train`` trains an agent on a partially observed task.
 
-The default task is velocity-masked CartPole; ``--env ID`` takes any gymnasium env id with
-discrete actions (``popgym-RepeatFirstEasy-v0``, ``Acrobot-v1``, ...).
+``--algo r2d2`` (the default) runs the recurrent DQN of :mod:`splice.examples.r2d2`, on
+velocity-masked CartPole or, with ``--env ID``, on any gymnasium env id with discrete actions
+(``popgym-RepeatFirstEasy-v0``, ``Acrobot-v1``, ...); ``--algo ppo`` runs the recurrent PPO
+of :mod:`splice.examples.ppo` (velocity-masked CartPole only).
 
 Examples:
     >>> from splice.cli import build_parser
@@ -17,6 +19,7 @@ import json
 from pathlib import Path
 
 from splice.collectors._progress import make_bar
+from splice.examples.ppo import PPOConfig
 from splice.examples.r2d2 import AGENTS, R2D2Config, TrainResult
 from splice.examples.tasks import MASKABLE
 
@@ -32,7 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     train = commands.add_parser(
         "train",
-        help="train a recurrent DQN (default task: velocity-masked CartPole)",
+        help="train a recurrent DQN or PPO (default task: velocity-masked CartPole)",
         description=(
             "Train an agent on a gymnasium env with discrete actions (default: CartPole-v1 "
             "with the velocities removed from the observation), evaluate the kept model (the "
@@ -69,28 +72,41 @@ def build_parser() -> argparse.ArgumentParser:
         help="recurrent (R2D2-style, default), mlp (no memory), naive (recurrent on fixed "
         "windows that cross episode ends), or all three in turn",
     )
+    train.add_argument(
+        "--algo",
+        choices=["r2d2", "ppo"],
+        default="r2d2",
+        help="r2d2 (recurrent DQN, default; --agent picks its variant) or ppo (recurrent PPO, "
+        f"velocity-masked {MASKABLE} only)",
+    )
     train.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    ppo = PPOConfig()
     train.add_argument(
         "--frames",
         type=int,
-        default=defaults.total_frames,
-        help=f"environment steps to collect (default {defaults.total_frames})",
+        default=None,
+        help=f"environment steps to collect (default {defaults.total_frames}, ppo "
+        f"{ppo.total_frames})",
     )
     train.add_argument(
         "--time-limit",
         type=float,
-        default=defaults.time_limit,
-        help=f"stop training after this many seconds (default {defaults.time_limit:.0f})",
+        default=None,
+        help=f"stop training after this many seconds (default {defaults.time_limit:.0f}, ppo "
+        f"{ppo.time_limit:.0f})",
     )
     train.add_argument(
-        "--gamma", type=float, default=defaults.gamma, help=f"discount (default {defaults.gamma})"
+        "--gamma",
+        type=float,
+        default=None,
+        help=f"discount (default {defaults.gamma}, ppo {ppo.gamma})",
     )
     train.add_argument(
         "--reward-scale",
         type=float,
-        default=defaults.reward_scale,
+        default=None,
         help="multiply rewards by this in the learning targets (returns are reported "
-        f"unscaled; default {defaults.reward_scale:g})",
+        f"unscaled; default {defaults.reward_scale:g}, ppo {ppo.reward_scale:g})",
     )
     train.add_argument("--output", type=Path, default=Path("outputs/train"), help="output folder")
     train.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -101,6 +117,26 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``splice`` console script."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    given = {
+        "total_frames": args.frames,
+        "time_limit": args.time_limit,
+        "gamma": args.gamma,
+        "reward_scale": args.reward_scale,
+    }
+    given = {k: v for k, v in given.items() if v is not None}
+    if args.algo == "ppo":
+        task = (args.env, args.mask_velocity, args.max_episode_steps)
+        if task != (MASKABLE, None, None) and task != (MASKABLE, True, None):
+            parser.error(
+                f"--algo ppo trains on velocity-masked {MASKABLE} only (no --env, "
+                "--no-mask-velocity or --max-episode-steps)"
+            )
+        try:
+            ppo_config = PPOConfig(seed=args.seed, **given)
+        except ValueError as error:
+            parser.error(str(error))
+        run_one(ppo_config, args.output, quiet=args.quiet)
+        return 0
     agents = list(AGENTS) if args.agent == "all" else [args.agent]
     results: dict[str, TrainResult] = {}
     for agent in agents:
@@ -111,10 +147,7 @@ def main(argv: list[str] | None = None) -> int:
                 mask_velocity=args.mask_velocity,
                 max_episode_steps=args.max_episode_steps,
                 seed=args.seed,
-                gamma=args.gamma,
-                reward_scale=args.reward_scale,
-                total_frames=args.frames,
-                time_limit=args.time_limit,
+                **given,
             )
             config.make_env(1).close()
         except ValueError as error:
@@ -127,9 +160,9 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def run_one(config: R2D2Config, output: Path, *, quiet: bool) -> TrainResult:
+def run_one(config: R2D2Config | PPOConfig, output: Path, *, quiet: bool) -> TrainResult:
     """Train one agent with a progress bar; write ``summary.json`` and ``learning_curve.png``."""
-    from splice.examples.r2d2 import train
+    from splice.examples import ppo, r2d2
 
     output.mkdir(parents=True, exist_ok=True)
     bar = None if quiet else make_bar(config.total_frames, desc=config.agent)
@@ -149,7 +182,10 @@ def run_one(config: R2D2Config, output: Path, *, quiet: bool) -> TrainResult:
             bar.update(int(point["frames"]) - bar.n)  # prints at most every mininterval
 
     try:
-        result = train(config, progress=progress)
+        if isinstance(config, PPOConfig):
+            result: TrainResult = ppo.train(config, progress=progress)
+        else:
+            result = r2d2.train(config, progress=progress)
     finally:
         if bar is not None:
             bar.close()
@@ -179,7 +215,8 @@ def plot_curves(results: dict[str, TrainResult], path: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    config = R2D2Config(**next(iter(results.values())).config)
+    fields = next(iter(results.values())).config
+    config = R2D2Config(**fields) if "env_id" in fields else R2D2Config()  # ppo: masked CartPole
     fig, ax = plt.subplots(figsize=(7, 4))
     for i, (agent, result) in enumerate(results.items()):
         color = f"C{i}"
@@ -206,7 +243,9 @@ def plot_curves(results: dict[str, TrainResult], path: Path) -> Path:
     return path
 
 
-def _task_name(config: R2D2Config) -> str:
+def _task_name(config: R2D2Config | PPOConfig) -> str:
+    if isinstance(config, PPOConfig):
+        return f"velocity-masked {MASKABLE}"
     return f"velocity-masked {config.env_id}" if config.masked else config.env_id
 
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 from tensordict import TensorDictBase, is_non_tensor
@@ -46,14 +47,28 @@ __all__ = [
     "PADDING_ID",
     "REWARD",
     "TERMINATED",
+    "TRAJ_FORMATS",
     "TRAJ_IDS",
     "TRUNCATED",
+    "Key",
     "KeySpec",
     "LayoutError",
+    "TrajFormat",
     "as_key_tuple",
+    "check_trajectory_ids",
+    "fmt_key",
+    "is_integer_dtype",
     "tensor_leaves",
     "validate_batch",
 ]
+
+#: A nested key as a flat tuple of strings (what :func:`as_key_tuple` returns).
+Key = tuple[str, ...]
+#: The two layouts of whole trajectories: ``"padded"`` (``[n, max_len]`` plus a mask) or
+#: ``"cat"`` (flat ``[sum of lengths]``, trajectory after trajectory).
+TrajFormat = Literal["padded", "cat"]
+#: The values :data:`TrajFormat` allows.
+TRAJ_FORMATS: tuple[TrajFormat, ...] = ("padded", "cat")
 
 #: The sub-TensorDict holding what the env returned after the step's action.
 NEXT = "next"
@@ -73,7 +88,8 @@ DONE = (NEXT, "done")
 TERMINATED = (NEXT, "terminated")
 #: bool ``[..., 1]``: a time limit ended the episode; bootstrap from the next observation.
 TRUNCATED = (NEXT, "truncated")
-#: int64 ``[...]``: the trajectory id, unique and never reused; ``-1`` only on padding.
+#: integer ``[...]`` (int64 from collectors; any integer dtype is read as int64): the trajectory
+#: id, unique and never reused; ``-1`` only on padding.
 TRAJ_IDS = ("collector", "traj_ids")
 #: bool ``[...]``: True on real steps, False on padding (padded and nested layouts).
 MASK = ("collector", "mask")
@@ -90,12 +106,41 @@ class LayoutError(ValueError):
     """A batch does not follow the data contract; the message names the key."""
 
 
+def check_trajectory_ids(ids: Tensor, key: NestedKey = TRAJ_IDS) -> None:
+    """Refuse trajectory ids below :data:`PADDING_ID`: ids are ``>= 0``, and ``-1`` marks
+    padding. Any other negative id is corrupt data; treating it as padding would silently
+    drop the step and join the steps around it into one trajectory.
+
+    Raises:
+        LayoutError: naming the key, how many ids are below -1, the first one and its
+            (flat) position.
+
+    Examples:
+        >>> import torch
+        >>> check_trajectory_ids(torch.tensor([0, 0, -1, 1]))
+        >>> check_trajectory_ids(torch.tensor([0, 0, -7, 0]))  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+          ...
+        splice.layout.LayoutError: key ('collector', 'traj_ids'): 1 trajectory id(s) below -1, ...
+    """
+    if ids.numel() == 0 or int(ids.min()) >= PADDING_ID:
+        return
+    bad = (ids.reshape(-1) < PADDING_ID).nonzero().squeeze(1)
+    first = int(bad[0])
+    raise LayoutError(
+        f"key {fmt_key(key)}: {bad.numel()} trajectory id(s) below {PADDING_ID}, the first "
+        f"{int(ids.reshape(-1)[first])} at flat position {first}; ids are >= 0, and "
+        f"{PADDING_ID} marks padding"
+    )
+
+
 @dataclass(frozen=True)
 class KeySpec:
     """What the contract says about one key.
 
     Args:
-        dtype: ``"bool"``, ``"int64"`` or ``"float"`` (any floating dtype).
+        dtype: ``"bool"``, ``"integer"`` (any integer dtype, read as int64) or ``"float"``
+            (any floating dtype).
         trailing_one: whether the key carries a trailing singleton dim (``[..., 1]``), as
             TorchRL's done/reward entries do.
     """
@@ -109,10 +154,24 @@ class KeySpec:
     def dtype_ok(self, dtype: torch.dtype) -> bool:
         if self.dtype == "float":
             return dtype.is_floating_point
+        if self.dtype == "integer":
+            return is_integer_dtype(dtype)
         return dtype == getattr(torch, self.dtype)
 
     def dtype_name(self) -> str:
-        return "floating point" if self.dtype == "float" else f"torch.{self.dtype}"
+        if self.dtype in ("float", "integer"):
+            return "floating point" if self.dtype == "float" else "an integer dtype"
+        return f"torch.{self.dtype}"
+
+
+def is_integer_dtype(dtype: torch.dtype) -> bool:
+    """True for torch's integer dtypes (bool is not an integer here).
+
+    Examples:
+        >>> is_integer_dtype(torch.int32), is_integer_dtype(torch.bool)
+        (True, False)
+    """
+    return not (dtype.is_floating_point or dtype.is_complex or dtype == torch.bool)
 
 
 CONTRACT: dict[NestedKey, KeySpec] = {
@@ -121,7 +180,7 @@ CONTRACT: dict[NestedKey, KeySpec] = {
     DONE: KeySpec("bool", trailing_one=True),
     TERMINATED: KeySpec("bool", trailing_one=True),
     TRUNCATED: KeySpec("bool", trailing_one=True),
-    TRAJ_IDS: KeySpec("int64", trailing_one=False),
+    TRAJ_IDS: KeySpec("integer", trailing_one=False),
     MASK: KeySpec("bool", trailing_one=False),
     CUT: KeySpec("bool", trailing_one=False),
 }
@@ -157,7 +216,7 @@ def tensor_leaves(
     for key, value in td.items(include_nested=True, leaves_only=True, is_leaf=_is_leaf):
         if not isinstance(value, Tensor):
             raise error(
-                f"key {_fmt(key)} holds {type(value).__name__}, not a tensor: {context} holds "
+                f"key {fmt_key(key)} holds {type(value).__name__}, not a tensor: {context} holds "
                 "tensor entries only"
             )
         yield as_key_tuple(key), value
@@ -169,7 +228,13 @@ def _is_leaf(cls: type) -> bool:
     return not issubclass(cls, TensorDictBase) or is_non_tensor(cls)
 
 
-def _fmt(key: NestedKey) -> str:
+def fmt_key(key: NestedKey) -> str:
+    """A key as error messages show it: ``'observation'`` or ``('next', 'done')``.
+
+    Examples:
+        >>> fmt_key(("observation",)), fmt_key(("next", "done"))
+        ("'observation'", "('next', 'done')")
+    """
     key = as_key_tuple(key)
     return repr(key[0]) if len(key) == 1 else repr(key)
 
@@ -183,8 +248,9 @@ def validate_batch(
     """Check that ``td`` follows the data contract.
 
     Every contract key that is present must have the contract's dtype and shape (relative to
-    ``td.batch_size``); every key in ``required`` must be present; and when done, terminated
-    and truncated are all present, ``done`` must equal ``terminated | truncated``.
+    ``td.batch_size``); trajectory ids must be ``>= -1`` (:func:`check_trajectory_ids`); every
+    key in ``required`` must be present; and when done, terminated and truncated are all
+    present, ``done`` must equal ``terminated | truncated``.
 
     Args:
         td: the batch to check.
@@ -206,7 +272,7 @@ def validate_batch(
     batch_shape = td.batch_size
     for key in required:
         if td.get(key, None) is None:
-            raise LayoutError(f"missing key {_fmt(key)} (batch shape {list(batch_shape)})")
+            raise LayoutError(f"missing key {fmt_key(key)} (batch shape {list(batch_shape)})")
     for key, spec in CONTRACT.items():
         value = td.get(key, None)
         if value is None:
@@ -214,15 +280,18 @@ def validate_batch(
         expected = spec.expected_shape(batch_shape)
         if not spec.dtype_ok(value.dtype) or list(value.shape) != expected:
             raise LayoutError(
-                f"key {_fmt(key)}: expected dtype {spec.dtype_name()} and shape {expected}, "
+                f"key {fmt_key(key)}: expected dtype {spec.dtype_name()} and shape {expected}, "
                 f"got dtype {value.dtype} and shape {list(value.shape)}"
             )
+    ids = td.get(TRAJ_IDS, None)
+    if ids is not None:
+        check_trajectory_ids(ids)
     if check_done_consistency:
         done, term, trunc = (td.get(k, None) for k in (DONE, TERMINATED, TRUNCATED))
         if done is not None and term is not None and trunc is not None:
             bad = done != (term | trunc)
             if bad.any():
                 raise LayoutError(
-                    f"key {_fmt(DONE)} must equal terminated | truncated; it differs at "
+                    f"key {fmt_key(DONE)} must equal terminated | truncated; it differs at "
                     f"{int(bad.sum())} of {bad.numel()} positions"
                 )

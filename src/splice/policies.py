@@ -1,12 +1,33 @@
-"""Policies: the protocol, a random policy, and how the collector runs a policy step by step.
+"""Policies: what a collector accepts as a policy, the protocol it runs, and a random policy.
 
-**The protocol.** A policy is a callable that takes a :class:`tensordict.TensorDict` and returns
-one (the same object or a new one) holding ``"action"``. The input holds the observation leaves
-(``"observation"``, or nested keys for Dict/Tuple spaces), ``"is_init"`` (bool ``[..., 1]``,
-True on the first step of an episode) and the recurrent state entering the step, if any. Its
-batch shape is ``[B]`` for a vector env and ``[]`` for a single env. A
-``tensordict.nn.TensorDictModule`` works as is. Every other key the policy writes at the root
-(logits, log-probabilities, ...) is stored in the batch too.
+**What you can pass.** Every collector passes its ``policy`` argument through
+:func:`as_policy`, which accepts:
+
+* a ``tensordict.nn.TensorDictModule`` (or any ``TensorDictModuleBase``: TorchRL's actors,
+  ``TensorDictSequential``, ``LSTMModule``...), used as is;
+* a function or module taking a TensorDict and returning one (``def policy(td): ...``): its
+  first parameter is named ``td`` or ``tensordict``, or is annotated as a TensorDict;
+* a plain ``torch.nn.Module`` (or any other callable) mapping the observation tensor to the
+  action, e.g. ``torch.nn.Linear(3, 1)`` on Pendulum. :class:`ModulePolicy` runs it. With
+  ``as_policy(module, output="greedy")`` it maps observations to Q-values (the action is their
+  argmax) and with ``output="sample"`` to logits (the action is sampled from their softmax,
+  with torch's global RNG); ``in_keys=`` feeds it several entries, e.g. the leaves of a Dict
+  observation; a module returning ``(output, state)`` is recurrent (see :class:`ModulePolicy`).
+
+Anything else is a ``TypeError`` saying what is accepted. The action a policy returns is cast
+to the action space's dtype when the cast keeps its kind (float64 to a float32 Box, int32 to
+int64 for Discrete, int or bool to MultiBinary's int8); any other dtype, or a wrong shape, is a
+:class:`PolicyError` naming the output, its dtype and shape, and the space's.
+
+**The protocol.** A policy in the protocol is a callable that takes a
+:class:`tensordict.TensorDict` and returns one (the same object or a new one) holding
+``"action"``. The input holds the observation leaves (``"observation"``, or nested keys for
+Dict/Tuple spaces), the requested info entries (``Collector(info_keys=...)``, e.g.
+``"action_mask"``), ``"is_init"`` (bool ``[..., 1]``, True on the first step of an episode)
+and the recurrent state entering the step, if any. Its batch shape is ``[B]`` for a vector env
+and ``[]`` for a single env. Every other key the policy writes at the root (logits,
+log-probabilities, ...) is stored in the batch too. Non-tensor observations (text) are in the
+input as tensordict non-tensor entries.
 
 **Recurrent state.** Whatever the policy writes under ``("next", key)`` is recurrent state
 (TorchRL's ``LSTMModule``/``GRUModule`` convention). The collector discovers these keys from the
@@ -50,22 +71,26 @@ Examples:
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any, Protocol, runtime_checkable
+import inspect
+from collections.abc import Callable, Sequence
+from typing import Any, Literal, Protocol, runtime_checkable
 
 import numpy as np
 import torch
 from gymnasium import spaces
 from gymnasium.vector.utils import batch_space
-from tensordict import TensorDict, TensorDictBase
+from tensordict import TensorDictBase
+from tensordict.nn import TensorDictModuleBase
 from tensordict.utils import NestedKey
 
-from splice.envs.spaces import Leaf, check_action_dtype
-from splice.layout import ACTION, IS_INIT, NEXT, tensor_leaves
+from splice.layout import ACTION, NEXT, OBSERVATION, as_key_tuple
 
-__all__ = ["Policy", "PolicyError", "PolicyRunner", "RandomPolicy"]
+__all__ = ["ModulePolicy", "Policy", "PolicyError", "RandomPolicy", "as_policy"]
 
 Key = tuple[str, ...]
+Output = Literal["action", "greedy", "sample"]
+#: The key of the recurrent state of a :class:`ModulePolicy` (a tuple state nests "0", "1"...).
+RECURRENT_STATE = "recurrent_state"
 
 
 @runtime_checkable
@@ -124,242 +149,265 @@ class RandomPolicy:
         return tensordict
 
 
-def _leaf_items(td: TensorDictBase) -> list[tuple[Key, torch.Tensor]]:
-    return list(tensor_leaves(td, context="a policy's output", error=PolicyError))
+class ModulePolicy:
+    """A plain module (or any callable) on tensors, run in the policy protocol.
 
+    Each step it calls ``module(*inputs)`` with one tensor per ``in_keys`` entry, always with a
+    leading batch dim (``[B, ...]``; ``B = 1`` for a single env), and turns what it returns
+    into the action:
 
-def _numpy_dtype(key: Key, dtype: torch.dtype) -> np.dtype:
-    try:
-        return np.dtype(torch.empty(0, dtype=dtype).numpy().dtype)
-    except TypeError:
-        raise PolicyError(
-            f"policy output {key!r} has dtype {dtype}, which has no numpy equivalent; cast it "
-            "(e.g. to float32) inside the policy"
-        ) from None
+    * ``output="action"``: the return value is the action (``[B, *action_shape]``), cast to
+      the action space's dtype by the collector (see :mod:`splice.policies`);
+    * ``output="greedy"``: it is ``[B, n]`` Q-values (or logits) for ``Discrete(n)``; the
+      action is the argmax, the values are stored as ``"action_value"``;
+    * ``output="sample"``: it is ``[B, n]`` logits; the action is sampled from their softmax
+      with torch's global RNG, the logits are stored as ``"logits"`` and the log-probability of
+      the action as ``"action_log_prob"``.
 
-
-class PolicyRunner:
-    """Runs a TensorDict policy inside the collector loop without building a TensorDict per step.
-
-    It owns ONE step TensorDict whose entries are torch views of numpy buffers: each step
-    copies the current observation, ``is_init`` and recurrent state into those buffers, calls
-    the policy, and writes the action, the other outputs and the state into the collector's
-    time-major staging arrays ``[C, B, ...]`` at column ``c``.
+    **Recurrent modules.** A module that returns a pair ``(output, state)`` is recurrent: it
+    is first called as ``module(*inputs)`` (no state: start from zeros, as ``nn.GRU``/``nn.LSTM``
+    do with ``hx=None``), then as ``module(*inputs, state)`` with the state it returned at the
+    previous step, zeroed for the envs whose episode starts. ``state`` is a tensor or a tuple
+    of tensors (``nn.LSTM``'s ``(h, c)``) in torch's RNN layout ``[num_layers, B, hidden]``
+    (batch dim 1), so ``out, state = self.gru(obs.unsqueeze(1), state)`` with
+    ``batch_first=True`` works unchanged. The batch stores it batch-first,
+    ``[..., num_layers, hidden]``, at ``"recurrent_state"`` (a tuple state at
+    ``("recurrent_state", "0")``, ``("recurrent_state", "1")``, ...): the state entering each
+    step there, the one it produced at ``("next", "recurrent_state")``.
 
     Args:
-        policy: the policy (see the module docstring).
-        obs_leaves: the observation leaves of ONE env, with keys below ``"observation"``.
-        action_leaf: the action leaf of ONE env.
-        num_envs: ``B``.
-        batched: False for a single env: the step TensorDict is unbatched (``[]``).
-        allocate: ``allocate(key, per_env_shape, dtype)`` returns a staging array
-            ``[C, B, *per_env_shape]`` the collector owns (called when outputs are discovered).
-        device: where the policy runs (``None``: CPU, no copies).
+        module: the module or callable.
+        in_keys: the step entries to pass, in order (default: ``["observation"]``); e.g.
+            ``[("observation", "image"), ("observation", "direction")]`` for a Dict
+            observation, or ``["observation", "action_mask"]`` with
+            ``Collector(info_keys=["action_mask"])``.
+        output: ``"action"``, ``"greedy"`` or ``"sample"`` (see above).
+
+    Attributes:
+        module: the wrapped module (its weights are the collector's policy weights).
 
     Examples:
-        >>> import numpy as np, torch
-        >>> from gymnasium import spaces
-        >>> from splice.envs.spaces import action_leaf, observation_leaves
-        >>> staged = {}
-        >>> def allocate(key, shape, dtype):
-        ...     staged[key] = np.zeros((5, 2, *shape), dtype)
-        ...     return staged[key]
-        >>> def policy(td):
-        ...     td["action"] = (td["observation"][..., 0] > 0).long()
-        ...     return td
-        >>> runner = PolicyRunner(
-        ...     policy,
-        ...     observation_leaves(spaces.Box(-1, 1, (3,))),
-        ...     action_leaf(spaces.Discrete(2)),
-        ...     num_envs=2,
-        ...     batched=True,
-        ...     allocate=allocate,
-        ... )
-        >>> obs = np.array([[0.5, 0, 0], [-0.5, 0, 0]], np.float32)
-        >>> runner.step([obs], np.array([True, True]), 0)
-        array([1, 0])
-        >>> staged[("action",)][0]
-        array([1, 0])
+        >>> import torch
+        >>> from tensordict import TensorDict
+        >>> policy = ModulePolicy(torch.nn.Linear(4, 2), output="greedy")
+        >>> td = policy(TensorDict({"observation": torch.ones(3, 4)}, batch_size=[3]))
+        >>> td["action"].shape, td["action_value"].shape
+        (torch.Size([3]), torch.Size([3, 2]))
+
+        A recurrent module:
+
+        >>> class GRUNet(torch.nn.Module):
+        ...     def __init__(self):
+        ...         super().__init__()
+        ...         self.gru = torch.nn.GRU(4, 8, batch_first=True)
+        ...         self.head = torch.nn.Linear(8, 2)
+        ...
+        ...     def forward(self, obs, state=None):
+        ...         out, state = self.gru(obs.unsqueeze(1), state)
+        ...         return self.head(out[:, 0]), state
+        >>> policy = ModulePolicy(GRUNet(), output="sample")
+        >>> td = policy(TensorDict({"observation": torch.ones(3, 4)}, batch_size=[3]))
+        >>> td["next", "recurrent_state"].shape  # batch-first: [B, num_layers, hidden]
+        torch.Size([3, 1, 8])
     """
 
     def __init__(
         self,
-        policy: Callable[[TensorDictBase], TensorDictBase],
-        obs_leaves: list[Leaf],
-        action_leaf: Leaf,
+        module: Callable[..., Any],
         *,
-        num_envs: int,
-        batched: bool,
-        allocate: Callable[[Key, tuple[int, ...], np.dtype], np.ndarray],
-        device: torch.device | str | None = None,
+        in_keys: Sequence[NestedKey] | None = None,
+        output: Output = "action",
     ) -> None:
-        self.policy = policy
-        self.action_leaf = action_leaf
-        self.num_envs = num_envs
-        self.batch_shape: tuple[int, ...] = (num_envs,) if batched else ()
-        self._allocate = allocate
-        self.device = None if device is None else torch.device(device)
-        if self.device is not None and self.device.type == "cpu":
-            self.device = None
-        self._obs_keys: list[Key] = [("observation", *leaf.key) for leaf in obs_leaves]
-        self._obs_bufs = [
-            np.zeros((*self.batch_shape, *leaf.shape), leaf.dtype) for leaf in obs_leaves
-        ]
-        self._init_buf = np.zeros((*self.batch_shape, 1), np.bool_)
-        self._init_flat = self._init_buf.reshape(-1)
-        entries: dict[NestedKey, torch.Tensor] = {
-            key: torch.from_numpy(buf)
-            for key, buf in zip(self._obs_keys, self._obs_bufs, strict=True)
-        }
-        entries[IS_INIT] = torch.from_numpy(self._init_buf)
-        self.step_td = TensorDict(entries, batch_size=self.batch_shape)
-        self._input_keys: set[Key] = {*self._obs_keys, (IS_INIT,)}
-        self.discovered = False
-        #: Root keys the policy writes (other than the state), with their staging arrays.
-        self.outputs: list[tuple[Key, np.ndarray]] = []
-        #: Recurrent state keys (root names), their step buffers and staging arrays.
-        self.state_keys: list[Key] = []
-        self._state_bufs: list[np.ndarray] = []
-        self._state_stage: list[np.ndarray] = []
-        self._next_state_stage: list[np.ndarray] = []
-        self._action_stage: np.ndarray | None = None
-        self._check_pending = False
+        if not callable(module):
+            raise TypeError(f"ModulePolicy needs a callable module, got {type(module).__name__}")
+        if output not in ("action", "greedy", "sample"):
+            raise ValueError(f"output must be 'action', 'greedy' or 'sample', got {output!r}")
+        if in_keys is not None and (isinstance(in_keys, str | tuple) or not in_keys):
+            raise TypeError(
+                f"in_keys must be a non-empty list of keys, got {in_keys!r}; e.g. "
+                "in_keys=[('observation', 'image')]"
+            )
+        self.module = module
+        self.in_keys: list[Key] = [as_key_tuple(k) for k in (in_keys or [OBSERVATION])]
+        self.output = output
+        #: ``None`` until the first call, then whether the module returned ``(output, state)``.
+        self.recurrent: bool | None = None
+        self._state_keys: list[Key] = []
 
-    # ---------------------------------------------------------------- discovery
-    def _discover(self, out: TensorDictBase) -> None:
-        """Learn the policy's output and state keys from its first output; allocate staging."""
-        if not isinstance(out, TensorDictBase):
-            raise PolicyError(
-                f"the policy returned {type(out).__name__}; it must return a TensorDict holding "
-                "'action'"
-            )
-        if tuple(out.batch_size) != self.batch_shape:
-            raise PolicyError(
-                f"the policy returned a TensorDict of batch shape {list(out.batch_size)}; "
-                f"expected {list(self.batch_shape)} (the step's batch shape)"
-            )
-        items = _leaf_items(out)
-        keys = {key for key, _ in items}
-        if (ACTION,) not in keys:
-            raise PolicyError(
-                "the policy returned no 'action' entry; it must write td['action'] "
-                f"(keys returned: {sorted(keys)})"
-            )
-        outputs, states = [], []
-        for key, value in items:
-            if key in self._input_keys:
-                continue
-            if key[0] == NEXT:
-                states.append((key[1:], value))
-            else:
-                outputs.append((key, value))
-        for key, value in outputs + states:
-            if tuple(value.shape[: len(self.batch_shape)]) != self.batch_shape:
+    def __repr__(self) -> str:
+        return f"ModulePolicy({self.module!r}, in_keys={self.in_keys!r}, output={self.output!r})"
+
+    def _inputs(self, td: TensorDictBase, batched: bool) -> list[torch.Tensor]:
+        inputs = []
+        for key in self.in_keys:
+            value = td.get(key, None)
+            if value is None:
                 raise PolicyError(
-                    f"policy output {key!r} has shape {list(value.shape)}; its leading dims must "
-                    f"be the step's batch shape {list(self.batch_shape)}"
+                    f"policy input {key!r} is not in the step; its entries are "
+                    f"{sorted(as_key_tuple(k) for k in td.keys(True, True))}. Pass "
+                    "as_policy(module, in_keys=[...]) with some of them"
                 )
-        self._check_action(out.get(ACTION))
-        feature = len(self.batch_shape)
-        self.outputs = []
-        for key, value in outputs:
-            arr = self._allocate(key, tuple(value.shape[feature:]), _numpy_dtype(key, value.dtype))
-            if key == (ACTION,):
-                self._action_stage = arr
-            else:
-                self.outputs.append((key, arr))
-        for key, value in states:
-            dtype = _numpy_dtype((NEXT, *key), value.dtype)
-            shape = tuple(value.shape[feature:])
-            buf = np.zeros((*self.batch_shape, *shape), dtype)
-            self.state_keys.append(key)
-            self._state_bufs.append(buf)
-            self._state_stage.append(self._allocate(key, shape, dtype))
-            self._next_state_stage.append(self._allocate((NEXT, *key), shape, dtype))
-            self.step_td.set(key, torch.from_numpy(buf))
-            self._input_keys.add(key)
-        self.discovered = True
-
-    def rebind(self, arrays: dict[Key, np.ndarray]) -> None:
-        """Point at new staging arrays (after the collector grew its staging)."""
-        self._action_stage = arrays[(ACTION,)]
-        self.outputs = [(key, arrays[key]) for key, _ in self.outputs]
-        self._state_stage = [arrays[key] for key in self.state_keys]
-        self._next_state_stage = [arrays[(NEXT, *key)] for key in self.state_keys]
-
-    def _check_action(self, action: torch.Tensor) -> None:
-        leaf = self.action_leaf
-        expected = (*self.batch_shape, *leaf.shape)
-        if tuple(action.shape) != expected or not check_action_dtype(
-            leaf, _numpy_dtype((ACTION,), action.dtype)
-        ):
-            raise PolicyError(
-                f"policy output 'action' has dtype {action.dtype} and shape {list(action.shape)}; "
-                f"the action space {leaf.space!r} needs shape {list(expected)} and a "
-                f"{'n integer' if leaf.dtype.kind in 'iu' else ' ' + leaf.dtype.name} dtype "
-                f"compatible with {leaf.dtype.name}"
-            )
-
-    def check_next_action(self) -> None:
-        """Validate the action of the next call (the collector asks once per batch)."""
-        self._check_pending = True
-
-    # --------------------------------------------------------------------- step
-    def reset_state(self) -> None:
-        """Zero the carried recurrent state (all envs)."""
-        for buf in self._state_bufs:
-            buf.fill(0)
-
-    def step(self, obs: list[Any], init: np.ndarray, c: int) -> np.ndarray:
-        """Run the policy on the current step; write its outputs at column ``c``.
-
-        Args:
-            obs: the observation leaves entering the step.
-            init: bool ``[B]``: the step starts an episode.
-            c: the staging column.
-
-        Returns:
-            The action as a numpy array of shape ``[*batch, *action_shape]``.
-        """
-        for buf, value in zip(self._obs_bufs, obs, strict=True):
-            np.copyto(buf, value, casting="unsafe")
-        np.copyto(self._init_flat, init)
-        if self.state_keys:
-            if np.count_nonzero(init):
-                for buf in self._state_bufs:
-                    if self.batch_shape:
-                        buf[init] = 0
-                    else:
-                        buf.fill(0)
-            for buf, stage in zip(self._state_bufs, self._state_stage, strict=True):
-                stage[c] = buf
-        td = self.step_td if self.device is None else self.step_td.to(self.device)
-        out = self.policy(td)
-        if not self.discovered:
-            self._discover(out)
-            for stage in self._state_stage:
-                stage[c] = 0  # the state entering the first step: zeros (nothing was fed)
-        elif self._check_pending:
-            self._check_pending = False
-            action_t = out.get(ACTION, None)
-            if action_t is None:
+            if not isinstance(value, torch.Tensor):
                 raise PolicyError(
-                    "the policy returned no 'action' entry; it must write td['action']"
+                    f"policy input {key!r} is not a tensor but {type(value).__name__} (a Dict "
+                    "observation, or text); name its tensor leaves in "
+                    f"as_policy(module, in_keys=[...]), e.g. {_leaf_keys(value, key)}"
                 )
-            self._check_action(action_t)
-        if self.device is not None:
-            out = out.to("cpu")
-        action = out.get(ACTION).numpy()
-        assert self._action_stage is not None
-        self._action_stage[c] = action
-        for key, stage in self.outputs:
-            stage[c] = out.get(key).numpy()
-        if self.state_keys:
-            nxt = out.get(NEXT)
-            for key, buf, stage in zip(
-                self.state_keys, self._state_bufs, self._next_state_stage, strict=True
-            ):
-                value = nxt.get(key).numpy()
-                stage[c] = value
-                np.copyto(buf, value)
-        return action
+            inputs.append(value if batched else value.unsqueeze(0))
+        return inputs
+
+    def _state_in(self, td: TensorDictBase, batched: bool, batch: int) -> Any:
+        """The state entering the step in the module's layout, or None (start from zeros)."""
+        stored = [td.get(key, None) for key in self._state_keys]
+        if not stored or any(s is None for s in stored):
+            return None
+        states = [(s if batched else s.unsqueeze(0)).transpose(0, 1).contiguous() for s in stored]
+        return states[0] if self._state_keys == [(RECURRENT_STATE,)] else tuple(states)
+
+    def _store_state(self, td: TensorDictBase, state: Any, batched: bool, batch: int) -> None:
+        parts = [state] if isinstance(state, torch.Tensor) else list(state)
+        if not self._state_keys:
+            self._state_keys = (
+                [(RECURRENT_STATE,)]
+                if isinstance(state, torch.Tensor)
+                else [(RECURRENT_STATE, str(i)) for i in range(len(parts))]
+            )
+        for key, part in zip(self._state_keys, parts, strict=True):
+            if not isinstance(part, torch.Tensor) or part.dim() < 2 or part.shape[1] != batch:
+                raise PolicyError(
+                    f"the recurrent module returned state {key!r} of shape "
+                    f"{list(getattr(part, 'shape', []))}; the convention is torch's RNN layout "
+                    f"[num_layers, B, hidden] with B = {batch} (see ModulePolicy)"
+                )
+            stored = part.transpose(0, 1)
+            td.set((NEXT, *key), stored if batched else stored.squeeze(0))
+
+    def __call__(self, td: TensorDictBase) -> TensorDictBase:
+        batched = td.batch_dims > 0
+        inputs = self._inputs(td, batched)
+        batch = inputs[0].shape[0]
+        if self.recurrent:
+            state = self._state_in(td, batched, batch)
+            out = self.module(*inputs) if state is None else self.module(*inputs, state)
+        else:
+            out = self.module(*inputs)
+        if self.recurrent is None:
+            self.recurrent = isinstance(out, tuple) and len(out) == 2
+        if self.recurrent:
+            if not (isinstance(out, tuple) and len(out) == 2):
+                raise PolicyError(
+                    "the recurrent module returned "
+                    f"{type(out).__name__}; it must return (output, state) at every call"
+                )
+            out, state = out
+            self._store_state(td, state, batched, batch)
+        out = torch.as_tensor(out)
+        if self.output == "action":
+            action = out
+        else:
+            if out.dim() != 2 or out.shape[0] != batch:
+                raise PolicyError(
+                    f"with output={self.output!r} the module must return [B, n] scores for a "
+                    f"Discrete(n) action space (B = {batch}); it returned shape {list(out.shape)}"
+                )
+            if self.output == "greedy":
+                action = out.argmax(-1)
+                td.set("action_value", out if batched else out[0])
+            else:
+                log_probs = out.log_softmax(-1)
+                action = torch.multinomial(log_probs.exp(), 1).squeeze(-1)
+                td.set("logits", out if batched else out[0])
+                chosen = log_probs.gather(-1, action.unsqueeze(-1)).squeeze(-1)
+                td.set("action_log_prob", chosen if batched else chosen[0])
+        td.set(ACTION, action if batched else action[0])
+        return td
+
+
+def _leaf_keys(value: Any, key: Key) -> list[Key]:
+    if isinstance(value, TensorDictBase):
+        return [(*key, *as_key_tuple(k)) for k in value.keys(True, True)][:4]
+    return [key]
+
+
+_TD_PARAM_NAMES = frozenset({"td", "tensordict"})
+
+
+def _takes_tensordict(policy: Callable[..., Any]) -> bool:
+    """Whether ``policy`` is written for TensorDicts: its first parameter is named ``td`` or
+    ``tensordict``, or annotated as a TensorDict (or the signature cannot be read)."""
+    fn = policy.forward if isinstance(policy, torch.nn.Module) else policy
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return True
+    if not params or params[0].kind is inspect.Parameter.VAR_POSITIONAL:
+        return True
+    first = params[0]
+    if first.name in _TD_PARAM_NAMES:
+        return True
+    annotation = first.annotation
+    if isinstance(annotation, str):
+        return "TensorDict" in annotation
+    return isinstance(annotation, type) and issubclass(annotation, TensorDictBase)
+
+
+def as_policy(
+    policy: Any,
+    *,
+    in_keys: Sequence[NestedKey] | None = None,
+    output: Output | None = None,
+) -> Any:
+    """The policy protocol's form of what a user passes as ``policy``; every collector calls it.
+
+    * ``None`` stays ``None`` (uniform random actions);
+    * a ``TensorDictModuleBase``, a :class:`ModulePolicy`, or a callable written for
+      TensorDicts (first parameter named ``td``/``tensordict`` or annotated as a TensorDict) is
+      returned as is;
+    * any other ``nn.Module`` or callable (or any callable when ``in_keys``/``output`` is given)
+      becomes ``ModulePolicy(policy, in_keys=in_keys, output=output or "action")``.
+
+    Args:
+        policy: what the user passed.
+        in_keys: see :class:`ModulePolicy`.
+        output: see :class:`ModulePolicy`.
+
+    Raises:
+        TypeError: ``policy`` is not callable (the message lists what is accepted).
+        ValueError: ``in_keys``/``output`` given with a policy that declares its own keys.
+
+    Examples:
+        >>> import torch
+        >>> as_policy(torch.nn.Linear(3, 1))  # doctest: +ELLIPSIS
+        ModulePolicy(Linear(...), in_keys=[('observation',)], output='action')
+        >>> def my_policy(td):
+        ...     return td.set("action", td["observation"].argmax(-1))
+        >>> as_policy(my_policy) is my_policy
+        True
+        >>> as_policy("greedy")  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        TypeError: policy must be one of: a tensordict.nn.TensorDictModule ...; got str
+    """
+    wrap = in_keys is not None or output is not None
+    if policy is None:
+        if wrap:
+            raise ValueError("in_keys/output need a policy module; got policy=None")
+        return None
+    if isinstance(policy, ModulePolicy | TensorDictModuleBase):
+        if wrap:
+            raise ValueError(
+                f"in_keys/output apply to a plain module; {type(policy).__name__} declares its "
+                "own keys"
+            )
+        return policy
+    if not callable(policy):
+        raise TypeError(
+            "policy must be one of: a tensordict.nn.TensorDictModule (or any "
+            "TensorDictModuleBase), a function or module taking and returning a TensorDict "
+            "(first parameter named td or tensordict), a torch.nn.Module or callable mapping the "
+            "observation tensor to the action (see splice.policies.as_policy), or None for "
+            f"random actions; got {type(policy).__name__}"
+        )
+    if not wrap and _takes_tensordict(policy):
+        return policy
+    return ModulePolicy(policy, in_keys=in_keys, output=output or "action")

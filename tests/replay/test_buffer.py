@@ -5,18 +5,23 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from replay_helpers import Stream, flat, padded
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from tensordict import TensorDict
 
+from splice import cat_trajectories, split_trajectories
 from splice.layout import DONE, MASK, TRAJ_IDS, LayoutError
 from splice.replay import (
     LazyMemmapStorage,
     LazyTensorStorage,
+    PrioritizedSampler,
     PrioritizedSliceSampler,
     RandomSampler,
     ReplayBuffer,
+    SamplerWithoutReplacement,
     SliceSampler,
 )
+from splice.testing import SyntheticStream
 
 
 @pytest.fixture(params=["memory", "memmap"])
@@ -36,15 +41,15 @@ def stored_g(rb: ReplayBuffer) -> list[int]:
 
 def test_bt_batches_are_stored_env_major(storage_factory) -> None:
     rb = ReplayBuffer(storage=storage_factory(100))
-    batch = Stream(3, 4.0).chunk(5)
+    batch = SyntheticStream(3, 4.0, labels=True).chunk(5)
     rows = rb.extend(batch)
-    assert rows.tolist() == list(range(15))
+    assert rows.shape == batch.shape and rows.reshape(-1).tolist() == list(range(15))
     assert stored_g(rb) == batch["g"].reshape(-1).tolist()  # env 0's 5 steps, then env 1's ...
 
 
 def test_padded_batches_drop_padding(storage_factory) -> None:
     rb = ReplayBuffer(storage=storage_factory(100))
-    batch = padded(Stream(3, 4.0).chunk(6))
+    batch = split_trajectories(SyntheticStream(3, 4.0, labels=True).chunk(6))
     assert bool((~batch[MASK]).any())
     rb.extend(batch)
     assert len(rb) == 18
@@ -62,16 +67,16 @@ def test_bad_batches_raise_and_leave_the_buffer_unchanged(storage_factory) -> No
     rb = ReplayBuffer(
         storage=storage_factory(30), sampler=SliceSampler(slice_len=2, seed=0), batch_size=4
     )
-    good = flat(Stream(2, 5.0).chunk(10))
+    good = SyntheticStream(2, 5.0, labels=True).chunk(10).reshape(-1)
     rb.extend(good)
     state = (len(rb), rb.write_count, stored_g(rb), rb.index.row_slot.copy())
     bad_batches = {
         "missing": good.exclude("t"),
         "extra": good.clone().set("new", torch.zeros(20)),
         "dtype": good.clone().set("t", torch.zeros(20, dtype=torch.int32)),
-        "shape": good.clone().set("observation", torch.zeros(20, 4)),
+        "shape": good.clone().set("observation", torch.zeros(20, 5)),
         "done shape": good.clone().set(DONE, torch.zeros(20, dtype=torch.bool)),
-        "ids dtype": good.clone().set(TRAJ_IDS, torch.zeros(20, dtype=torch.int32)),
+        "ids dtype": good.clone().set(TRAJ_IDS, torch.zeros(20, dtype=torch.float32)),
         "mask": good.reshape(2, 10).set(MASK, torch.ones(2, 10)),
     }
     for name, bad in bad_batches.items():
@@ -121,16 +126,40 @@ def test_storage_and_sampler_belong_to_one_buffer() -> None:
         ReplayBuffer(storage=LazyTensorStorage(4), sampler=sampler)
 
 
-def test_samplers_never_touch_the_global_rng() -> None:
-    torch.manual_seed(123)
-    expected = torch.rand(3)
-    torch.manual_seed(123)
+def test_sampling_never_touches_the_global_rng() -> None:
     rb = ReplayBuffer(
         storage=LazyTensorStorage(100), sampler=SliceSampler(slice_len=2), batch_size=4
     )
-    rb.extend(flat(Stream(2, 5.0).chunk(20)))
+    rb.extend(SyntheticStream(2, 5.0, labels=True).chunk(20).reshape(-1))
+    state = torch.get_rng_state()
     rb.sample()
-    assert torch.equal(torch.rand(3), expected)
+    assert torch.equal(torch.get_rng_state(), state)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: RandomSampler(),
+        lambda: SliceSampler(slice_len=2),
+        lambda: SliceSampler(slice_len=2, weighting="transition"),
+        lambda: PrioritizedSliceSampler(slice_len=2),
+        lambda: SamplerWithoutReplacement(),
+        lambda: PrioritizedSampler(100, alpha=0.7, beta=0.5),
+    ],
+)
+def test_manual_seed_reproduces_a_run(make) -> None:
+    """Issue 10, bug 4: a sampler built without seed/generator drew fresh OS entropy, so
+    ``torch.manual_seed(0)`` did not reproduce a run. Its seed now comes from torch's global
+    RNG at construction, as in torch.utils.data and TorchRL."""
+
+    def run(seed: int) -> list[list[int]]:
+        torch.manual_seed(seed)
+        rb = ReplayBuffer(storage=LazyTensorStorage(100), sampler=make(), batch_size=4)
+        rb.extend(SyntheticStream(2, 5.0, labels=True).chunk(20).reshape(-1))
+        return [rb.sample()["g"].tolist() for _ in range(5)]
+
+    assert run(0) == run(0)
+    assert run(0) != run(1)
 
 
 def test_same_seed_same_samples() -> None:
@@ -140,7 +169,7 @@ def test_same_seed_same_samples() -> None:
             sampler=SliceSampler(slice_len=3, seed=seed),
             batch_size=9,
         )
-        rb.extend(flat(Stream(2, 5.0).chunk(20)))
+        rb.extend(SyntheticStream(2, 5.0, labels=True).chunk(20).reshape(-1))
         return torch.stack([rb.sample()["g"] for _ in range(3)])
 
     assert torch.equal(run(1), run(1))
@@ -159,7 +188,7 @@ def test_priorities_update_and_shape_the_draws() -> None:
     prio = torch.full((40,), 0.1)
     prio[25] = 10.0
     rb.update_priority(torch.arange(40), prio)
-    leaves = sampler._sum.get(np.arange(40))
+    leaves = sampler.priority(np.arange(40))
     for end in range(40):
         if end % 10 < 2:
             assert leaves[end] == 0  # no 3-step slice ends there
@@ -176,7 +205,7 @@ def test_priorities_update_and_shape_the_draws() -> None:
     # A per-slice priority broadcasts over the slice's steps.
     rb.update_priority(s["index"][:1], torch.tensor([0.0]))
     end = int(s["index"][0, -1])
-    assert sampler._sum.get(np.array([end]))[0] == pytest.approx(sampler.eps)
+    assert sampler.priority(np.array([end]))[0] == pytest.approx(sampler.eps)
     with pytest.raises(ValueError, match="priorities"):
         rb.update_priority(torch.arange(2), torch.tensor([1.0, -1.0]))
 
@@ -185,8 +214,105 @@ def test_update_priority_ignores_padding_and_empty_rows() -> None:
     sampler = PrioritizedSliceSampler(alpha=1.0, beta=1.0, slice_len=2, seed=0)
     rb = ReplayBuffer(storage=LazyTensorStorage(6), sampler=sampler, batch_size=4)
     rb.extend(TensorDict({TRAJ_IDS: torch.tensor([0, 0, 0])}, [3]))
-    before = sampler._sum.get(np.arange(6)).copy()
+    before = sampler.priority(np.arange(6)).copy()
     rb.update_priority(torch.tensor([-1, 4, 5]), 5.0)  # padding, never-written rows
-    assert np.array_equal(before, sampler._sum.get(np.arange(6)))
+    assert np.array_equal(before, sampler.priority(np.arange(6)))
     with pytest.raises(IndexError):
         rb.update_priority(torch.tensor([6]), 1.0)
+
+
+# ---------------------------------------------------------------------- issue 10, bugs 1 and 2
+def test_extend_returns_the_row_of_every_input_step_in_input_order() -> None:
+    """Bug 1: six rows into a 4-row storage returned ``[2, 3, 0, 1]``, and interleaved ids came
+    back in storage order, so ``rb[rb.extend(td)]`` did not line up with ``td``."""
+    rb = ReplayBuffer(storage=LazyTensorStorage(4))
+    assert rb.extend(TensorDict({"x": torch.arange(6)}, [6])).tolist() == [0, 1, 2, 3, 0, 1]
+    rb = ReplayBuffer(storage=LazyTensorStorage(10), sampler=SliceSampler(slice_len=1))
+    td = TensorDict(
+        {TRAJ_IDS: torch.tensor([0, 1, 0, 1]), "x": torch.tensor([10, 20, 11, 21])}, [4]
+    )
+    rows = rb.extend(td)
+    assert rb[rows]["x"].tolist() == [10, 20, 11, 21]
+    # ... so update_priority(rb.extend(td), td["priority"]) gives each step its own priority.
+    sampler = PrioritizedSampler(10, alpha=1.0, beta=1.0, eps=0.0, seed=0)
+    rb = ReplayBuffer(storage=LazyTensorStorage(10), sampler=sampler)
+    td["priority"] = td["x"].float()
+    rows = rb.extend(td)
+    rb.update_priority(rows, td["priority"])
+    assert sampler.priority(rows).tolist() == [10.0, 20.0, 11.0, 21.0]
+
+
+def _as_layout(batch: TensorDict, layout: str, ids: bool) -> TensorDict:
+    if layout == "flat":
+        batch = batch.reshape(-1)
+    elif layout == "time-major":  # trajectories interleave step by step
+        batch = batch.transpose(0, 1).contiguous().reshape(-1)
+    elif layout == "padded":
+        batch = split_trajectories(batch)
+    elif layout == "cat":
+        batch = cat_trajectories(split_trajectories(batch))
+    return batch if ids or layout == "padded" else batch.exclude(TRAJ_IDS)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    layout=st.sampled_from(["bt", "flat", "time-major", "padded", "cat"]),
+    ids=st.booleans(),
+    n_env=st.integers(1, 4),
+    chunks=st.lists(st.integers(1, 9), min_size=1, max_size=8),
+    capacity=st.integers(4, 40),
+    kind=st.sampled_from(["random", "slice", "prioritized"]),
+    seed=st.integers(0, 5),
+)
+def test_rb_of_extend_equals_the_input_rows(layout, ids, n_env, chunks, capacity, kind, seed):
+    """Bug 1 (property): ``rb[rb.extend(td)]`` equals ``td``'s rows in order, for every
+    layout, with and without ids, while the ring wraps; padding positions get -1."""
+    sampler = {
+        "random": lambda: RandomSampler(seed=seed),
+        "slice": lambda: SliceSampler(slice_len=2, seed=seed),
+        "prioritized": lambda: PrioritizedSampler(capacity, alpha=0.6, beta=0.4, seed=seed),
+    }[kind]()
+    rb = ReplayBuffer(storage=LazyTensorStorage(capacity), sampler=sampler)
+    stream = SyntheticStream(n_env, 3.0, seed=seed, labels=True)
+    for steps in chunks:
+        td = _as_layout(stream.chunk(steps), layout, ids)
+        real = td.get(MASK, torch.ones(td.shape, dtype=torch.bool))
+        if int(real.sum()) > capacity:
+            continue  # steps of the same extend overwrite each other: covered above
+        rows = rb.extend(td)
+        assert rows.shape == td.shape
+        assert bool((rows[~real] == -1).all()) and bool((rows[real] >= 0).all())
+        back = rb[rows[real]]
+        for key in ("g", "ep", "t", "observation", ("next", "done")):
+            assert torch.equal(back[key], td[key][real]), key
+        if layout != "padded":  # same shape as the input: [B, T] rows give a [B, T] sample
+            assert torch.equal(rb[rows]["g"], td["g"])
+        assert len(rb) == min(capacity, rb.write_count)
+
+
+def test_slicing_a_buffer_that_is_not_full() -> None:
+    """Bug 2: ``rb[:]``, ``rb[2:]`` and ``rb[-2:]`` raised IndexError before the ring was full;
+    as in TorchRL they address the rows written so far."""
+    rb = ReplayBuffer(storage=LazyTensorStorage(10))
+    rb.extend(TensorDict({"x": torch.arange(4)}, [4]))
+    assert rb[:]["x"].tolist() == [0, 1, 2, 3]
+    assert rb[2:]["x"].tolist() == [2, 3]
+    assert rb[-2:]["x"].tolist() == [2, 3]
+    assert rb[-1]["x"].item() == 3 and rb["x"].tolist() == [0, 1, 2, 3]
+    with pytest.raises(IndexError, match="out of range"):
+        rb[4]
+    rb.extend(TensorDict({"x": torch.arange(4, 13)}, [9]))  # wraps: all 10 rows, storage order
+    assert rb[:]["x"].tolist() == [10, 11, 12, 3, 4, 5, 6, 7, 8, 9]
+
+
+@pytest.mark.parametrize("later", [False, True])
+def test_ids_below_minus_one_are_refused_like_everywhere_else(later: bool) -> None:
+    """The batch contract refuses an id below -1 (corrupt data, not padding) in every layer:
+    in the first batch and in later ones, with nothing stored."""
+    rb = ReplayBuffer(storage=LazyTensorStorage(10))
+    if later:
+        rb.extend(TensorDict({TRAJ_IDS: torch.tensor([0, 0]), "x": torch.zeros(2)}, [2]))
+    bad = TensorDict({TRAJ_IDS: torch.tensor([1, -7, 1]), "x": torch.ones(3)}, [3])
+    with pytest.raises(LayoutError, match="below -1, the first -7 at flat position 1"):
+        rb.extend(bad)
+    assert len(rb) == (2 if later else 0)

@@ -11,9 +11,9 @@ import textwrap
 import threading
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
-from replay_helpers import Stream, check_slices, flat, valid_of
 
 from splice.replay import (
     LazyMemmapStorage,
@@ -24,6 +24,7 @@ from splice.replay import (
     SliceSampler,
     SliceSamplerWithoutReplacement,
 )
+from splice.testing import SyntheticStream, assert_slices_contiguous
 
 SAMPLERS = {
     "random": lambda: RandomSampler(seed=3),
@@ -47,7 +48,7 @@ def make(kind: str, storage: str, tmp: Path) -> ReplayBuffer:
 @pytest.mark.parametrize("kind", list(SAMPLERS))
 def test_dumps_loads_samples_identically(kind: str, storage: str, tmp_path: Path) -> None:
     rb = make(kind, storage, tmp_path)
-    stream = Stream(3, 9.0, seed=11)
+    stream = SyntheticStream(3, 9.0, seed=11, labels=True)
     for _ in range(6):
         rb.extend(stream.chunk(11))  # 198 steps into 150: wrapped
     for _ in range(3):
@@ -72,7 +73,7 @@ def test_dumps_loads_samples_identically(kind: str, storage: str, tmp_path: Path
 
 def test_loads_refuses_a_different_configuration(tmp_path: Path) -> None:
     rb = make("trajectory", "memory", tmp_path)
-    rb.extend(Stream(2, 5.0).chunk(5))
+    rb.extend(SyntheticStream(2, 5.0, labels=True).chunk(5))
     rb.dumps(tmp_path / "saved")
     with pytest.raises(ValueError, match="sampler"):
         make("transition", "memory", tmp_path).loads(tmp_path / "saved")
@@ -88,7 +89,7 @@ def test_memmap_reopens_where_it_was(tmp_path: Path) -> None:
         sampler=SliceSampler(slice_len=5, as_sequences=True, seed=0),
         batch_size=20,
     )
-    stream = Stream(2, 12.0, seed=5)
+    stream = SyntheticStream(2, 12.0, seed=5, labels=True)
     written: list[int] = []
     for _ in range(7):
         batch = stream.chunk(9)
@@ -102,100 +103,95 @@ def test_memmap_reopens_where_it_was(tmp_path: Path) -> None:
     )
     assert (len(again), again.write_count) == (100, 126)
     s = again.sample()
-    check_slices(s["index"], s["g"], s["episode"], s["t"], valid_of(s), live=set(written[-100:]))
+    assert_slices_contiguous(s, live=set(written[-100:]))
     with pytest.raises(ValueError, match="max_size"):
         LazyMemmapStorage(50, scratch_dir=path)
 
 
 WRITER = textwrap.dedent(
     """
-    import sys, time
-    import torch
-    sys.path.insert(0, sys.argv[3])
-    from replay_helpers import Stream
+    import sys
     from splice.replay import LazyMemmapStorage, ReplayBuffer, SliceSampler
+    from splice.testing import SyntheticStream
 
-    path, stage = sys.argv[1], sys.argv[2]
+    path = sys.argv[1]
     rb = ReplayBuffer(
         storage=LazyMemmapStorage(1000, scratch_dir=path),
         sampler=SliceSampler(slice_len=4, seed=0),
         batch_size=8,
     )
-    def hook(name):
-        if name == stage and rb.write_count >= 1500:
-            print("KILL ME", flush=True)
-            time.sleep(60)
-    rb.storage._on_stage = hook
-    stream = Stream(4, 20.0, seed=0)
+    stream = SyntheticStream(4, 20.0, seed=0, labels=True)
     while True:
-        rb.extend(stream.chunk(25 if stage != "random" else 150))
+        rb.extend(stream.chunk(150))  # 600 steps: most of the time is spent inside extend
         print("DONE", rb.write_count, flush=True)
     """
 )
+STEPS_PER_EXTEND = 600
+KILLS = 4
 
 
-@pytest.mark.parametrize("stage", ["marked", "written", "random"])
-def test_writer_killed_mid_extend_reopens_at_last_completed_extend(
-    stage: str, tmp_path: Path
-) -> None:
-    """SIGKILL a process inside extend; the directory reopens at its last completed extend.
-
-    ``marked``: killed after the rows to overwrite were marked, before any data is copied;
-    ``written``: killed after the data was copied, before the metadata; ``random``: killed at
-    an arbitrary moment while extending big batches.
-    """
+def test_writer_killed_at_random_moments_reopens_at_an_extend_boundary(tmp_path: Path) -> None:
+    """SIGKILL memory-mapped writers at random moments (several random delays, writers run
+    side by side); each directory reopens at the end of an extend, with every extend that
+    completed before the kill (its DONE line was printed) kept and no torn row."""
     script = tmp_path / "writer.py"
     script.write_text(WRITER)
-    path = tmp_path / "mm"
-    helpers = str(Path(__file__).parent)
-    errors = (tmp_path / "stderr.txt").open("w")
-    proc = subprocess.Popen(
-        [sys.executable, str(script), str(path), stage, helpers],
-        stdout=subprocess.PIPE,
-        stderr=errors,
-        text=True,
-    )
-    done = 0
+    delays = np.random.default_rng(7).uniform(0.05, 0.6, KILLS)
+    procs = []
+    for k in range(KILLS):
+        errors = (tmp_path / f"stderr{k}.txt").open("w")
+        proc = subprocess.Popen(
+            [sys.executable, str(script), str(tmp_path / f"mm{k}")],
+            stdout=subprocess.PIPE,
+            stderr=errors,
+            text=True,
+        )
+        procs.append((proc, errors))
+    done = [0] * KILLS
     try:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            if line.startswith("DONE"):
-                if stage == "random" and done == 0:  # let it extend for a moment, then kill
-                    threading.Timer(0.3, proc.send_signal, (signal.SIGKILL,)).start()
-                done = int(line.split()[1])
-            elif line.startswith("KILL"):
-                proc.send_signal(signal.SIGKILL)
-                break
+        for k, (proc, _) in enumerate(procs):
+            assert proc.stdout is not None
+            line = proc.stdout.readline()  # the first extend completed: the writer is going
+            assert line.startswith("DONE"), (tmp_path / f"stderr{k}.txt").read_text()
+            threading.Timer(delays[k], proc.send_signal, (signal.SIGKILL,)).start()
+        for k, (proc, _) in enumerate(procs):
+            assert proc.stdout is not None
+            for line in proc.stdout:  # until the kill closes the pipe
+                done[k] = int(line.split()[1])
+            assert proc.wait(timeout=30) == -signal.SIGKILL
     finally:
-        proc.kill()
-        proc.wait(timeout=30)
-        if proc.stdout is not None:
-            proc.stdout.close()
-        errors.close()
-    assert done > 0, (tmp_path / "stderr.txt").read_text()
-    rb = ReplayBuffer(
-        storage=LazyMemmapStorage(1000, scratch_dir=path),
-        sampler=SliceSampler(slice_len=4, as_sequences=True, seed=0),
-        batch_size=40,
-    )
-    assert rb.write_count == done if stage != "random" else rb.write_count >= done
-    # Every stored row holds exactly the step the index says: g counts up in write order
-    # (the Stream numbers env-major within a chunk), with no torn row.
-    rows = torch.from_numpy(rb.index.live_rows())
-    g = rb.storage.gather(rows)[("g",)]
-    last = rb.write_count
-    assert g.tolist() == list(range(last - len(rb), last))
-    if stage == "written":
-        assert len(rb) == 1000 - 100  # the rows the interrupted extend overwrote are dropped
-    s = rb.sample()
-    check_slices(s["index"], s["g"], s["episode"], s["t"], valid_of(s), live=set(g.tolist()))
-    # ... and the buffer keeps working.
-    stream = Stream(4, 20.0, seed=99)
-    stream.g, stream.next_id = last, 10**9
-    stream.ep += 10**9
-    before = len(rb)
-    rb.extend(stream.chunk(30))
-    assert len(rb) == min(1000, before + 120)
+        for proc, errors in procs:
+            proc.kill()
+            proc.wait(timeout=30)
+            if proc.stdout is not None:
+                proc.stdout.close()
+            errors.close()
+    for k in range(KILLS):
+        rb = ReplayBuffer(
+            storage=LazyMemmapStorage(1000, scratch_dir=tmp_path / f"mm{k}"),
+            sampler=SliceSampler(slice_len=4, as_sequences=True, seed=0),
+            batch_size=40,
+        )
+        last = rb.write_count
+        # On an extend boundary, with nothing that completed lost (an extend may have
+        # completed after the last DONE line was read, never before).
+        assert last % STEPS_PER_EXTEND == 0 and last >= max(done[k], STEPS_PER_EXTEND), (
+            k,
+            last,
+            done[k],
+        )
+        # Every stored row holds exactly the step the index says: g counts up in write
+        # order (the Stream numbers env-major within a chunk), with no torn row. The rows
+        # an interrupted extend was overwriting (the oldest) may be dropped.
+        rows = torch.from_numpy(rb.index.live_rows())
+        g = rb.storage.gather(rows)[("g",)]
+        assert g.tolist() == list(range(last - len(rb), last))
+        assert len(rb) >= min(1000, last) - STEPS_PER_EXTEND
+        assert_slices_contiguous(rb.sample(), live=set(g.tolist()))
+        # ... and the buffer keeps working.
+        stream = SyntheticStream(4, 20.0, seed=99, labels=True, first_id=10**9, first_step=last)
+        rb.extend(stream.chunk(30))
+        assert rb.write_count == last + 120 and len(rb) == min(1000, len(rb))
 
 
 def test_concurrent_writer_and_sampler_stay_consistent() -> None:
@@ -204,15 +200,18 @@ def test_concurrent_writer_and_sampler_stay_consistent() -> None:
         sampler=SliceSampler(slice_len=8, as_sequences=True, weighting="transition", seed=0),
         batch_size=8 * 16,
     )
-    stream = Stream(4, 15.0, seed=1)
+    stream = SyntheticStream(4, 15.0, seed=1, labels=True)
     rb.extend(stream.chunk(40))
     stop = threading.Event()
     errors: list[BaseException] = []
 
     def writer() -> None:
         try:
+            flat = False
             while not stop.is_set():
-                rb.extend(flat(stream.chunk(25)) if stream.g % 2 else stream.chunk(25))
+                chunk = stream.chunk(25)
+                rb.extend(chunk.reshape(-1) if flat else chunk)
+                flat = not flat
         except BaseException as err:  # pragma: no cover - reported below
             errors.append(err)
 
@@ -222,10 +221,9 @@ def test_concurrent_writer_and_sampler_stay_consistent() -> None:
         checked = 0
         while checked < 150:
             s = rb.sample()
-            g = s["g"]
             # Each step's data matches its row's index entry at sampling time: consecutive
             # steps of one episode, nothing from a half-written batch.
-            check_slices(s["index"], g, s["episode"], s["t"], valid_of(s))
+            assert_slices_contiguous(s)
             checked += 1
     finally:
         stop.set()

@@ -7,9 +7,9 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from replay_helpers import Stream, check_slices, flat, padded, valid_of
 from tensordict import TensorDict
 
+from splice import cat_trajectories, split_trajectories
 from splice.layout import CUT, DONE, IS_INIT, MASK, TERMINATED, TRAJ_IDS, TRUNCATED
 from splice.replay import (
     BURN_IN,
@@ -19,12 +19,18 @@ from splice.replay import (
     SliceSampler,
     SliceSamplerWithoutReplacement,
 )
+from splice.testing import SyntheticStream, assert_slices_contiguous
 
 LAYOUTS = ("bt", "flat", "padded")
 
 
 def fill(
-    rb: ReplayBuffer, stream: Stream, chunk: int, n_chunks: int, layout: str, ids: bool = True
+    rb: ReplayBuffer,
+    stream: SyntheticStream,
+    chunk: int,
+    n_chunks: int,
+    layout: str,
+    ids: bool = True,
 ) -> list[int]:
     """Extend ``rb`` with ``n_chunks`` chunks; return the global steps in write order.
 
@@ -34,9 +40,9 @@ def fill(
     for _ in range(n_chunks):
         batch = stream.chunk(chunk)
         if layout == "flat":
-            batch = flat(batch)
+            batch = batch.reshape(-1)
         elif layout == "padded":
-            batch = padded(batch)
+            batch = split_trajectories(batch)
         if not ids:
             batch = batch.exclude(TRAJ_IDS)
         g = batch["g"][batch[MASK]] if layout == "padded" else batch["g"].reshape(-1)
@@ -80,7 +86,7 @@ def test_every_slice_is_a_contiguous_live_piece_of_one_trajectory(
     rb = ReplayBuffer(
         storage=LazyTensorStorage(capacity), sampler=sampler, batch_size=slice_len * 3
     )
-    stream = Stream(n_env, mean_len, seed=seed)
+    stream = SyntheticStream(n_env, mean_len, seed=seed, labels=True)
     if not ids and layout == "padded":
         ids = True  # a padded row is one fragment: without ids, its continuation is unknown
     written = fill(rb, stream, chunk, n_chunks, layout, ids)
@@ -93,8 +99,8 @@ def test_every_slice_is_a_contiguous_live_piece_of_one_trajectory(
         return
     W = burn_in + slice_len
     assert sample.shape[1] == W
-    valid = valid_of(sample)
-    check_slices(sample["index"], sample["g"], sample["episode"], sample["t"], valid, live=live)
+    valid = sample.get(MASK, torch.ones(sample.shape, dtype=torch.bool))
+    assert_slices_contiguous(sample, live=live)
     burn = sample[BURN_IN] if burn_in else torch.zeros_like(valid)
     train = valid & ~burn
     for i in range(sample.shape[0]):
@@ -109,17 +115,15 @@ def test_every_slice_is_a_contiguous_live_piece_of_one_trajectory(
         if n_burn < burn_in and (ids or layout == "bt"):
             first_t = min(
                 int(t)
-                for t, e in zip(sample["t"][i].tolist(), sample["episode"][i].tolist(), strict=True)
-                if e == int(sample["episode"][i, 0])
+                for t, e in zip(sample["t"][i].tolist(), sample["ep"][i].tolist(), strict=True)
+                if e == int(sample["ep"][i, 0])
             )
             rows = torch.from_numpy(rb.index.live_rows())
             stored = rb.storage.gather(rows)
             stored_ts = [
                 int(tt)
-                for tt, ee in zip(
-                    stored[("t",)].tolist(), stored[("episode",)].tolist(), strict=True
-                )
-                if ee == int(sample["episode"][i, 0])
+                for tt, ee in zip(stored[("t",)].tolist(), stored[("ep",)].tolist(), strict=True)
+                if ee == int(sample["ep"][i, 0])
             ]
             assert first_t == min(stored_ts)
         end = int(valid[i].sum()) - 1
@@ -136,11 +140,11 @@ def test_chunks_of_50_allow_slices_of_80() -> None:
         sampler=SliceSampler(slice_len=80, as_sequences=True, seed=0),
         batch_size=80 * 16,
     )
-    stream = Stream(8, mean_len=400.0, seed=1)
+    stream = SyntheticStream(8, mean_len=400.0, seed=1, labels=True)
     for _ in range(20):
         rb.extend(stream.chunk(50))
     sample = rb.sample()
-    check_slices(sample["index"], sample["g"], sample["episode"], sample["t"], valid_of(sample))
+    assert_slices_contiguous(sample)
     # Many slices span chunks: their global steps jump by 8 * 50 - 49 somewhere.
     jumps = (sample["g"][:, 1:] - sample["g"][:, :-1] != 1).any(1)
     assert bool(jumps.all())  # an 80-step slice always crosses a 50-step chunk edge
@@ -153,22 +157,21 @@ def test_interleaved_writers_need_no_flag() -> None:
         sampler=SliceSampler(slice_len=12, as_sequences=True, seed=0),
         batch_size=12 * 32,
     )
-    a, b = Stream(2, 30.0, seed=2), Stream(3, 30.0, seed=3)
-    b.next_id = 10**6 + 3  # the second writer's ids (unique, as splice collectors make them)
-    b.ep += 10**6
-    b.g = 10**7
+    a = SyntheticStream(2, 30.0, seed=2, labels=True)
+    # The second writer's ids are unique, as splice collectors make them.
+    b = SyntheticStream(3, 30.0, seed=3, labels=True, first_id=10**6, first_step=10**7)
     for _ in range(15):
         rb.extend(a.chunk(7))
-        rb.extend(flat(b.chunk(5)))
+        rb.extend(b.chunk(5).reshape(-1))
     for _ in range(5):
         s = rb.sample()
-        check_slices(s["index"], s["g"], s["episode"], s["t"], valid_of(s))
+        assert_slices_contiguous(s)
 
 
 def test_flags_only_data_without_ids() -> None:
     """No trajectory ids: boundaries come from done flags; env rows continue across chunks;
     a collector cut marked done by set_truncated is not a boundary."""
-    stream = Stream(3, 8.0, seed=4, set_truncated=True)
+    stream = SyntheticStream(3, 8.0, seed=4, set_truncated=True, labels=True)
     rb = ReplayBuffer(
         storage=LazyTensorStorage(60),
         sampler=SliceSampler(slice_len=6, as_sequences=True, end_key=DONE, seed=0),
@@ -181,25 +184,24 @@ def test_flags_only_data_without_ids() -> None:
         rb.extend(batch)
     assert rb.index.num_trajectories <= len({*written[-60:]})
     s = rb.sample()
-    check_slices(s["index"], s["g"], s["episode"], s["t"], valid_of(s), live=set(written[-60:]))
+    assert_slices_contiguous(s, live=set(written[-60:]))
     # set_truncated marks inside a slice are cleared: done only at the slice end.
     assert not bool(s[DONE][:, :-1].any())
 
 
 def test_cat_layout_and_add() -> None:
-    from splice import cat_trajectories
 
-    stream = Stream(2, 5.0, seed=5)
+    stream = SyntheticStream(2, 5.0, seed=5, labels=True)
     rb = ReplayBuffer(
         storage=LazyTensorStorage(100), sampler=SliceSampler(slice_len=3, seed=0), batch_size=6
     )
-    batch = cat_trajectories(padded(stream.chunk(20)))
+    batch = cat_trajectories(split_trajectories(stream.chunk(20)))
     rb.extend(batch)
     step = stream.chunk(1)[0, 0]
     row = rb.add(step)
     assert len(rb) == 41 and row == 40
     s = rb.sample(as_sequences=True)
-    check_slices(s["index"], s["g"], s["episode"], s["t"], valid_of(s))
+    assert_slices_contiguous(s)
 
 
 def _trajectory_buffer(weighting: str, seed: int = 0) -> ReplayBuffer:
@@ -242,7 +244,7 @@ def test_trajectory_weighting_is_torchrl_uniform_over_trajectories() -> None:
 
 
 def test_without_replacement_covers_every_item_once_per_epoch() -> None:
-    stream = Stream(3, 6.0, seed=6)
+    stream = SyntheticStream(3, 6.0, seed=6, labels=True)
     for weighting in ("trajectory", "transition"):
         sampler = SliceSamplerWithoutReplacement(slice_len=3, weighting=weighting, seed=1)
         rb = ReplayBuffer(storage=LazyTensorStorage(500), sampler=sampler, batch_size=3 * 7)
@@ -265,7 +267,7 @@ def test_without_replacement_covers_every_item_once_per_epoch() -> None:
 
 
 def test_flat_output_is_torchrl_compatible() -> None:
-    stream = Stream(2, 30.0, seed=7)
+    stream = SyntheticStream(2, 30.0, seed=7, labels=True)
     rb = ReplayBuffer(
         storage=LazyTensorStorage(1000), sampler=SliceSampler(num_slices=4, seed=0), batch_size=32
     )
@@ -305,7 +307,7 @@ def test_non_strict_flat_concatenates_and_pad_output_pads() -> None:
 
 
 def test_initial_state_is_the_stored_state_at_the_first_step() -> None:
-    stream = Stream(2, 40.0, seed=8)
+    stream = SyntheticStream(2, 40.0, seed=8, labels=True)
     rb = ReplayBuffer(
         storage=LazyTensorStorage(1000),
         sampler=SliceSampler(slice_len=5, burn_in=3, state_keys=["g"], seed=0),
@@ -373,3 +375,31 @@ def test_non_strict_transition_weighting_starts_uniformly_and_covers_episode_end
     covered = (s["pos"] == 99) & mask
     expected = 10 / 100 * s.shape[0]
     assert abs(int(covered.sum()) - expected) < 4 * expected**0.5
+
+
+@pytest.mark.parametrize("kind", ["prioritized", "trajectory"])
+def test_non_strict_samples_short_trajectories_whole(kind: str) -> None:
+    """Issue 10, bug 3: ``PrioritizedSliceSampler(strict_length=False)`` cut a 5-step
+    trajectory into slices of 1-5 steps; like ``SliceSampler`` and TorchRL it samples a
+    trajectory shorter than ``slice_len`` whole, and longer ones in full slices."""
+    if kind == "prioritized":
+        sampler = PrioritizedSliceSampler(slice_len=10, strict_length=False, seed=0)
+    else:
+        sampler = SliceSampler(slice_len=10, strict_length=False, seed=0)
+    rb = ReplayBuffer(storage=LazyTensorStorage(100), sampler=sampler, batch_size=10 * 50)
+    ids = torch.tensor([0] * 5 + [1] * 20)
+    rb.extend(TensorDict({TRAJ_IDS: ids, "t": torch.arange(25)}, [25]))
+    lengths: dict[int, set[int]] = {0: set(), 1: set()}
+    for _ in range(4):
+        s, info = rb.sample(return_info=True, as_sequences=True)
+        for i in range(s.shape[0]):
+            n = int(info["length"][i])
+            lengths[int(s[TRAJ_IDS][i, 0])].add(n)
+            if s[TRAJ_IDS][i, 0] == 0:
+                assert s["t"][i, :n].tolist() == [0, 1, 2, 3, 4]
+    assert lengths == {0: {5}, 1: {10}}
+    # The short trajectory grows: its short slice moves to its new last step, then it
+    # becomes long enough for full slices only.
+    rb.extend(TensorDict({TRAJ_IDS: torch.tensor([0] * 7), "t": torch.arange(25, 32)}, [7]))
+    s, info = rb.sample(return_info=True, as_sequences=True)
+    assert set(info["length"].tolist()) == {10}

@@ -2,9 +2,10 @@
 
 :class:`BackgroundRunner` knows nothing about environments: it calls ``step()`` (collect one
 batch and store it) until ``step`` returns False, a stop is requested, or ``step`` raises — the
-exception is kept and re-raised in the caller by :meth:`BackgroundRunner.join` and
-:meth:`BackgroundRunner.check`. Control requests are honoured between two ``step`` calls, so a
-batch being collected is always finished and stored, never discarded.
+exception is kept (:attr:`BackgroundRunner.failure`) and re-raised once in the caller by
+:meth:`BackgroundRunner.join` and :meth:`BackgroundRunner.check`. Control requests are honoured
+between two ``step`` calls, so a batch being collected is always finished and stored, never
+discarded.
 
 Examples:
     >>> from splice.collectors.background import BackgroundRunner
@@ -24,7 +25,12 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
-__all__ = ["BackgroundRunner"]
+__all__ = ["BackgroundRunner", "StopCollection"]
+
+
+class StopCollection(Exception):
+    """Raised by a ``step`` to end background collection early and cleanly (not an error):
+    e.g. a multi-worker collector whose workers are being shut down while it waits for them."""
 
 
 class BackgroundRunner:
@@ -63,6 +69,7 @@ class BackgroundRunner:
         self._resume.set()
         self._paused = threading.Event()
         self._error: BaseException | None = None
+        self._reported = False
         self._thread = threading.Thread(target=self._main, name=name, daemon=True)
 
     # ----------------------------------------------------------------- thread side
@@ -76,6 +83,8 @@ class BackgroundRunner:
                     continue
                 if not self._step():
                     break
+        except StopCollection:
+            pass
         except BaseException as error:  # relayed to the caller by join()/check()
             self._error = error
         finally:
@@ -98,15 +107,27 @@ class BackgroundRunner:
         return self._thread.is_alive()
 
     @property
+    def failure(self) -> BaseException | None:
+        """The exception the thread died of (kept after :meth:`check` reported it), or None."""
+        return self._error
+
+    @property
     def paused(self) -> bool:
         """Whether a pause was requested (and not resumed)."""
         return not self._resume.is_set()
 
     def check(self) -> None:
-        """Re-raise, in the caller, an exception the thread died of."""
+        """Re-raise, in the caller, an exception the thread died of (once: later calls return,
+        :attr:`failure` keeps it)."""
+        if not self._reported:
+            self.raise_failure("background collection failed")
+
+    def raise_failure(self, message: str) -> None:
+        """If the thread died of an exception, raise ``RuntimeError(message)`` from it (at every
+        call); :meth:`check` and :meth:`join` then count it as reported."""
         if self._error is not None:
-            error, self._error = self._error, None
-            raise RuntimeError("background collection failed") from error
+            self._reported = True
+            raise RuntimeError(message) from self._error
 
     def pause(self, timeout: float | None = None) -> None:
         """Ask the thread to pause after the current batch; return once it has paused."""

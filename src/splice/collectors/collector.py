@@ -3,33 +3,27 @@
 from __future__ import annotations
 
 import math
-import threading
-from collections.abc import Callable, Iterator, Mapping
-from typing import Any, Literal
+from collections.abc import Iterator, Sequence
+from typing import Any
 
+import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
+from tensordict.utils import NestedKey
 
-from splice.collectors._progress import ProgressBar, require_tqdm
-from splice.collectors.background import BackgroundRunner
+from splice.collectors._base import CollectorBase
+from splice.collectors._settings import CollectorSettings
 from splice.collectors.ids import TrajectoryIds
 from splice.collectors.rollout import RolloutLoop
 from splice.envs import EnvLike, make_adapter
-from splice.layout import MASK, PADDING_ID, TRAJ_IDS
-from splice.trajectories import TrajectoryAssembler, split_trajectories
+from splice.envs.infos import InfoKeysLike
+from splice.layout import OBSERVATION, TrajFormat
+from splice.policies import ModulePolicy
 
 __all__ = ["Collector"]
 
-TrajFormat = Literal["padded", "cat"]
 
-
-def _positive_int(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-    return value
-
-
-class Collector:
+class Collector(CollectorBase):
     """Collect batches of experience from a gymnasium env (or vector env) with a policy.
 
     Iterating yields batches that follow the data contract (``docs/data_contract.rst``): a
@@ -47,12 +41,22 @@ class Collector:
     With ``trajs_per_batch`` the number of yields depends on episode lengths, so ``len()``
     raises ``TypeError`` (as it does for an endless collector); ``list(collector)`` works.
 
+    **Frame accounting.** Every collected frame is accounted for:
+    ``frames == stored + dropped_frames + frames_buffered``, where *stored* counts the frames
+    delivered (yielded, and written to ``replay_buffer``) and :attr:`frames_buffered` the steps
+    held to complete episodes (``trajs_per_batch``; 0 once the run has ended). Frames are
+    dropped by ``drop_incomplete`` and when ``replay_buffer.extend`` raises (the whole output
+    it was given); :attr:`dropped_trajs` counts their trajectories.
+
     Args:
         env: a ``gymnasium.Env``; a ``gymnasium.vector.VectorEnv`` (``SyncVectorEnv``,
             ``AsyncVectorEnv``, a vector entry point, envpool...) in any autoreset mode; a
             zero-argument callable returning either; or an env id string (see ``num_envs``).
-        policy: a TensorDict policy (:mod:`splice.policies`), or ``None`` for uniform random
-            actions from the action space.
+        policy: a ``TensorDictModule``, a function or module ``td -> td``, a plain
+            ``nn.Module`` (or callable) mapping the observation tensor to the action, a
+            :func:`~splice.policies.as_policy` wrapper (Q-values, logits, several inputs,
+            recurrent modules), or ``None`` for uniform random actions from the action space.
+            See :mod:`splice.policies`.
         frames_per_batch: frames per batch (rounded up to a multiple of ``B``).
         total_frames: the frame budget; ``-1`` or ``None`` collects forever.
         num_envs: with an env id: ``None`` for one ``gymnasium.make`` env, an int for
@@ -75,8 +79,8 @@ class Collector:
             (``total_frames`` reached, or ``shutdown()`` of a background run) to the episodes
             still in flight: ``False`` (default) yields them in a final batch together with the
             remaining complete episodes, each marked ``("collector", "cut") = True`` on its last
-            step; ``True`` drops them (counted in :attr:`dropped_trajs`). Complete episodes are
-            never dropped.
+            step; ``True`` drops them (counted in :attr:`dropped_trajs`, their steps in
+            :attr:`dropped_frames`). Complete episodes are never dropped.
         replay_buffer: any object with ``extend(batch)``: every batch (or set of episodes) is
             written to it, and the iterator still yields it. Required by :meth:`start`.
         device: where the policy runs (``None``: CPU).
@@ -90,10 +94,20 @@ class Collector:
             (``pip install 'splice[progress]'``).
         track_episodes: record every finished episode in :attr:`episode_log` (implied by
             ``progress``).
+        info_keys: ``info`` entries to store, and to show the policy: a list of keys (``str``,
+            or a tuple for a nested info dict) that every info carries, or a mapping key ->
+            gymnasium space for entries only some infos carry (zero elsewhere; e.g.
+            ``{"episode": splice.envs.EPISODE_STATISTICS}`` for
+            ``RecordEpisodeStatistics``). Step ``t`` holds the info that came with its
+            observation at ``key`` and the info its step returned at ``("next", key)`` (the
+            final step's at an episode's end). See :mod:`splice.envs.infos`.
+        exclude_keys: observation keys to leave out of the data and the policy input, e.g.
+            ``[("observation", "mission")]`` for MiniGrid's text mission.
 
     Raises:
         ValueError: invalid arguments (the message names the argument); nothing is created.
-        TypeError: an ``env`` or ``replay_buffer`` of the wrong kind.
+        TypeError: an ``env`` or ``replay_buffer`` of the wrong kind, or a count (frames,
+            ``seed``, ``worker_id``, ``num_envs``...) that is not an int; a bool is refused.
         ImportError: ``progress=True`` without tqdm.
 
     Examples:
@@ -123,7 +137,7 @@ class Collector:
     def __init__(
         self,
         env: EnvLike,
-        policy: Callable[[TensorDictBase], TensorDictBase] | None = None,
+        policy: Any = None,
         *,
         frames_per_batch: int,
         total_frames: int | None = -1,
@@ -144,63 +158,30 @@ class Collector:
         worker_id: int | None = None,
         progress: bool = False,
         track_episodes: bool = False,
+        info_keys: InfoKeysLike | None = None,
+        exclude_keys: Sequence[NestedKey] | None = None,
     ) -> None:
-        # Validate everything before anything is created.
-        _positive_int("frames_per_batch", frames_per_batch)
-        if total_frames is None:
-            total_frames = -1
-        if (
-            isinstance(total_frames, bool)
-            or not isinstance(total_frames, int)
-            or (total_frames < 1 and total_frames != -1)
-        ):
-            raise ValueError(
-                "total_frames must be a positive int, or -1/None for no limit; "
-                f"got {total_frames!r}"
-            )
-        if init_random_frames is not None and (
-            isinstance(init_random_frames, bool)
-            or not isinstance(init_random_frames, int)
-            or init_random_frames < 0
-        ):
-            raise ValueError(
-                f"init_random_frames must be a non-negative int or None, got {init_random_frames!r}"
-            )
-        if trajs_per_batch is not None:
-            _positive_int("trajs_per_batch", trajs_per_batch)
-            if split_trajs:
-                raise ValueError(
-                    "split_trajs and trajs_per_batch are exclusive: trajs_per_batch already "
-                    "yields one episode per row"
-                )
-            if reset_at_each_iter:
-                raise ValueError(
-                    "reset_at_each_iter cannot be combined with trajs_per_batch: episodes longer "
-                    "than one batch would never complete (only short episodes would be emitted)"
-                )
-        if traj_format is not None:
-            if trajs_per_batch is None:
-                raise ValueError(
-                    "traj_format only applies with trajs_per_batch; set trajs_per_batch=N"
-                )
-            if traj_format not in ("padded", "cat"):
-                raise ValueError(f"traj_format must be 'padded' or 'cat', got {traj_format!r}")
-        if replay_buffer is not None and not callable(getattr(replay_buffer, "extend", None)):
-            raise TypeError(
-                "replay_buffer must have an extend(batch) method; "
-                f"got {type(replay_buffer).__name__}"
-            )
-        if policy is not None and not callable(policy):
-            raise TypeError(
-                f"policy must be a callable td -> td or None, got {type(policy).__name__}"
-            )
-        if progress:
-            require_tqdm()
-
+        settings = CollectorSettings.check(  # everything, before anything is created
+            frames_per_batch=frames_per_batch,
+            total_frames=total_frames,
+            max_frames_per_traj=max_frames_per_traj,
+            init_random_frames=init_random_frames,
+            reset_at_each_iter=reset_at_each_iter,
+            split_trajs=split_trajs,
+            set_truncated=set_truncated,
+            trajs_per_batch=trajs_per_batch,
+            traj_format=traj_format,
+            drop_incomplete=drop_incomplete,
+            replay_buffer=replay_buffer,
+            policy=policy,
+            info_keys=info_keys,
+            exclude_keys=exclude_keys,
+            seed=seed,
+        )
         self.adapter = make_adapter(env, num_envs=num_envs, env_kwargs=env_kwargs)
         try:
             b = self.adapter.num_envs
-            steps = math.ceil(frames_per_batch / b)
+            steps = math.ceil(settings.frames_per_batch / b)
             self.ids = TrajectoryIds(worker_id)
             self._loop = RolloutLoop(
                 self.adapter,
@@ -209,379 +190,113 @@ class Collector:
                 ids=self.ids,
                 max_frames_per_traj=max_frames_per_traj,
                 set_truncated=set_truncated,
-                seed=seed,
+                seed=None if seed is None else int(seed),
                 device=device,
                 storing_device=storing_device,
                 track_episodes=progress or track_episodes,
+                info_keys=settings.info_keys,
+                exclude_keys=settings.exclude_keys,
+            )
+            settings.check_non_tensor(
+                [(OBSERVATION, *leaf.key) for leaf in self.adapter.obs_leaves if not leaf.is_tensor]
             )
         except BaseException:
             self.adapter.close()
             raise
-        self.policy = policy
-        self.frames_per_batch = b * steps
-        self.total_frames = total_frames
-        self.init_random_frames = init_random_frames or 0
-        self.reset_at_each_iter = reset_at_each_iter
-        self.split_trajs = split_trajs
-        self.set_truncated = set_truncated
-        self.trajs_per_batch = trajs_per_batch
-        self.traj_format: TrajFormat = traj_format or "padded"
-        self.drop_incomplete = drop_incomplete
-        self.replay_buffer = replay_buffer
-        self.progress = progress
-        self._assembler = TrajectoryAssembler() if trajs_per_batch is not None else None
-        self._frames = 0
-        self._batches = 0
-        self._finished = False
-        #: Episodes in flight dropped at the end of a run (``drop_incomplete=True``).
-        self.dropped_trajs = 0
-        #: ``(frames collected, return)`` of every episode finished so far, in order; kept when
-        #: ``track_episodes`` or ``progress`` is set (appended by the collecting thread).
-        self.episode_log: list[tuple[int, float]] = []
-        self._bar: ProgressBar | None = None
-        self._runner: BackgroundRunner | None = None
-        self._pending_weights: Any = None
-        self._weights_lock = threading.Lock()
-        self._closed = False
+        super().__init__(
+            settings,
+            policy=policy.module if isinstance(policy, ModulePolicy) else policy,
+            replay_buffer=replay_buffer,
+            frames_per_batch=b * steps,
+            progress=progress,
+            track_episodes=track_episodes,
+        )
+        self._next_iter: Iterator[TensorDictBase] | None = None  # next()'s iteration
 
-    # --------------------------------------------------------------- properties
     @property
     def num_envs(self) -> int:
         """``B``, the number of envs (1 for a single ``gymnasium.Env``)."""
         return self.adapter.num_envs
 
-    @property
-    def frames(self) -> int:
-        """Frames collected so far (env steps written to batches)."""
-        return self._frames
-
-    def __len__(self) -> int:
-        """The number of batches an iteration started now yields (see "Batch count" above):
-        ``ceil(total_frames / frames_per_batch)`` for a fresh collector, fewer after some
-        collection or :meth:`load_state_dict`.
-
-        Raises:
-            TypeError: endless collector, or ``trajs_per_batch`` (the count depends on the data).
-        """
-        if self.total_frames == -1:
-            raise TypeError("len() is undefined for an endless collector (total_frames=-1)")
-        if self.trajs_per_batch is not None:
-            raise TypeError(
-                "len() is undefined with trajs_per_batch: how many batches of complete episodes "
-                "fit in total_frames depends on the episode lengths; iterate to the end instead"
-            )
-        return math.ceil(max(self.total_frames - self._frames, 0) / self.frames_per_batch)
-
-    # --------------------------------------------------------------- iteration
-    def __iter__(self) -> Iterator[TensorDictBase]:
-        """Yield batches until ``total_frames`` (see the class docstring)."""
-        if self._runner is not None and self._runner.alive:
-            raise RuntimeError(
-                "the collector is collecting in the background (start()); shut it down first"
-            )
-        return self._iterate()
-
-    def _budget_left(self) -> bool:
-        return self.total_frames == -1 or self._frames < self.total_frames
-
-    def _collect_batch(self) -> TensorDict:
-        if self._closed:
-            raise RuntimeError("the collector is shut down")
-        self._apply_pending_weights()
-        if self.reset_at_each_iter and self._batches > 0:
-            self._loop.reset_envs()
-        random_actions = self._frames < self.init_random_frames
+    def _collect_one(self, random_actions: bool) -> tuple[TensorDict, np.ndarray]:
         batch = self._loop.collect(random_actions=random_actions)
-        self._frames += self.frames_per_batch
-        self._batches += 1
-        if self._loop.track_episodes:
-            self.episode_log.extend((self._frames, float(r)) for r in self._loop.episodes.returns)
-        if self.progress:
-            if self._bar is None:
-                self._bar = ProgressBar(None if self.total_frames == -1 else self.total_frames)
-            self._bar.update(self.frames_per_batch, self._loop.episodes.returns)
-        return batch
+        return batch, self._loop.episodes.returns
 
-    def _deliver(self, out: TensorDictBase) -> TensorDictBase:
-        if self.replay_buffer is not None:
-            self.replay_buffer.extend(out)
-        return out
+    def _reset_envs(self) -> None:
+        self._loop.reset_envs()
 
-    def _produce(self) -> list[TensorDictBase]:
-        """Collect one batch; return what it makes available (0..n outputs, delivered)."""
-        batch = self._collect_batch()
-        if self._assembler is None:
-            out = split_trajectories(batch) if self.split_trajs else batch
-            return [self._deliver(out)]
-        assert self.trajs_per_batch is not None
-        self._assembler.ingest(batch)
-        outs = []
-        while len(self._assembler) >= self.trajs_per_batch:
-            outs.append(self._deliver(self._assembler.emit(self.trajs_per_batch, self.traj_format)))
-        return outs
+    def _restart(self) -> None:
+        self._loop.restart()
 
-    def _final(self) -> TensorDictBase | None:
-        """At the end of the run: the leftover complete episodes and (unless dropped) the
-        in-flight ones, marked cut, in one last batch. Called once."""
-        if self._finished or self._assembler is None:
-            self._finished = True
-            return None
-        self._finished = True
-        asm = self._assembler
-        complete = asm.emit(None, self.traj_format) if len(asm) else None
-        if self.drop_incomplete:
-            self.dropped_trajs += asm.num_in_flight
-            asm.reset()
-            partial = None
-        else:
-            partial = asm.flush(self.traj_format)
-        parts = [p for p in (complete, partial) if p is not None and p.batch_size[0] > 0]
-        if not parts:
-            return None
-        out = parts[0] if len(parts) == 1 else _cat_rows(parts, self.traj_format)
-        return self._deliver(out)
-
-    def _iterate(self) -> Iterator[TensorDictBase]:
-        try:
-            while self._budget_left():
-                yield from self._produce()
-            final = self._final()
-            if final is not None:
-                yield final
-        finally:
-            if not self._budget_left() and self._bar is not None:
-                self._bar.close()
-                self._bar = None
-
-    # ------------------------------------------------------------ policy weights
-    def update_policy_weights_(
-        self,
-        policy_or_weights: Any = None,
-        *,
-        weights: Any = None,
-        policy: Any = None,
-    ) -> None:
-        """Make new policy weights effective for the following steps.
-
-        The collector runs the policy object it was given, so weights changed in place (e.g.
-        by an optimizer) are already live and the no-argument call does nothing. Pass new
-        weights as an ``nn.Module`` (its weights are copied), a ``state_dict`` mapping, or a
-        parameter TensorDict (``TensorDict.from_module``). In background mode (:meth:`start`) the
-        weights are applied by the collection thread before its next batch.
-
-        Raises:
-            TypeError: weights given but the collector's policy is not an ``nn.Module``, or an
-                unsupported weights object.
-        """
-        new = (
-            policy_or_weights
-            if policy_or_weights is not None
-            else (weights if weights is not None else policy)
-        )
-        if new is None:
-            if self._runner is not None:
-                self._runner.check()
-            return
-        if not isinstance(self.policy, torch.nn.Module):
-            raise TypeError(
-                f"update_policy_weights_ with weights needs an nn.Module policy; the collector's "
-                f"policy is {type(self.policy).__name__}"
-            )
-        if isinstance(new, torch.nn.Module):
-            new = new.state_dict()
-        if not isinstance(new, Mapping | TensorDictBase):
-            raise TypeError(
-                "weights must be an nn.Module, a state_dict or a TensorDict, "
-                f"got {type(new).__name__}"
-            )
-        if self._runner is not None and self._runner.alive:
-            self._runner.check()
-            with self._weights_lock:
-                self._pending_weights = new
-        else:
-            self._load_weights(new)
-
-    def _apply_pending_weights(self) -> None:
-        if self._pending_weights is None:
-            return
-        with self._weights_lock:
-            new, self._pending_weights = self._pending_weights, None
-        self._load_weights(new)
-
-    def _load_weights(self, new: Any) -> None:
-        assert isinstance(self.policy, torch.nn.Module)
-        if isinstance(new, TensorDictBase):
-            new.to_module(self.policy)
-        else:
-            self.policy.load_state_dict(new)
-
-    # --------------------------------------------------------------- background
-    def start(self) -> None:
-        """Collect in a background thread into ``replay_buffer`` while the caller trains.
-
-        The thread stops by itself at ``total_frames`` (with ``trajs_per_batch``, after the
-        final batch) or on :meth:`shutdown`. Every collected batch is written to the buffer.
-
-        Raises:
-            RuntimeError: no ``replay_buffer``, already started, or shut down.
-        """
-        if self.replay_buffer is None:
-            raise RuntimeError("start() needs a replay_buffer: Collector(..., replay_buffer=rb)")
-        if self._runner is not None:
-            raise RuntimeError("start() was already called on this collector")
-        if self._closed:
-            raise RuntimeError("the collector is shut down")
-
-        def step() -> bool:
-            if not self._budget_left():
-                self._final()
-                return False
-            self._produce()
-            return True
-
-        def on_exit() -> None:
-            if self._assembler is not None:
-                self._final()  # a stop request also flushes (or drops) what is in flight
-            if self._bar is not None:
-                self._bar.close()
-                self._bar = None
-
-        self._runner = BackgroundRunner(step, on_exit=on_exit)
-        self._runner.start()
-
-    @property
-    def running(self) -> bool:
-        """Whether the background thread is collecting (or paused)."""
-        return self._runner is not None and self._runner.alive
-
-    def pause(self, timeout: float | None = None) -> _Resumer:
-        """Pause background collection after the current batch; returns once paused.
-
-        Also a context manager: ``with collector.pause(): ...`` resumes on exit.
-
-        Raises:
-            RuntimeError: not collecting in the background, or the thread failed.
-        """
-        if self._runner is None:
-            raise RuntimeError("pause() applies to background collection; call start() first")
-        self._runner.pause(timeout)
-        return _Resumer(self)
-
-    def resume(self) -> None:
-        """Resume background collection after :meth:`pause`."""
-        if self._runner is None:
-            raise RuntimeError("resume() applies to background collection; call start() first")
-        self._runner.resume()
-
-    def wait(self, timeout: float | None = None) -> None:
-        """Block until background collection ends by itself (``total_frames``).
-
-        Raises:
-            TimeoutError: still collecting after ``timeout`` seconds.
-            RuntimeError: the thread failed (its exception is the cause).
-        """
-        if self._runner is None:
-            raise RuntimeError("wait() applies to background collection; call start() first")
-        self._runner.join(timeout)
-
-    def async_shutdown(self, timeout: float | None = None) -> None:
-        """Stop background collection after the current batch, join the thread, close the env.
-
-        Same as :meth:`shutdown` (kept for TorchRL compatibility).
-        """
-        self.shutdown(timeout)
-
-    def shutdown(self, timeout: float | None = None) -> None:
-        """Stop (after the current batch is stored), join the thread, close the env.
-
-        Raises:
-            RuntimeError: the background thread failed (its exception is the cause).
-            TimeoutError: the thread did not end within ``timeout`` seconds.
-        """
-        runner = self._runner
-        try:
-            if runner is not None:
-                runner.request_stop()
-                runner.join(timeout)
-        finally:
-            if runner is None or not runner.alive:
-                if self._bar is not None:
-                    self._bar.close()
-                    self._bar = None
-                if not self._closed:
-                    self._closed = True
-                    self._loop.close()
-
-    def __enter__(self) -> Collector:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.shutdown()
-
-    # ---------------------------------------------------------------- state
-    def state_dict(self) -> dict[str, Any]:
-        """The id counter (``"ids"``), frames and batches so far, and the policy's state dict
-        (``"policy"``, if it has one)."""
-        state: dict[str, Any] = {
-            "ids": self.ids.state_dict(),
-            "frames": self._frames,
-            "batches": self._batches,
-        }
-        if isinstance(self.policy, torch.nn.Module):
-            state["policy"] = self.policy.state_dict()
-        return state
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Continue a saved run: ids continue from the saved counter (in the saved id space),
-        the frame count continues, and the policy weights are restored. The envs are reset at
-        the next batch (new episodes, new ids); buffered episodes are discarded.
+    def next(self) -> TensorDictBase | None:
+        """The next batch (as TorchRL's ``collector.next()``), or None once ``total_frames``
+        is reached. Successive calls continue one iteration.
 
         Raises:
             RuntimeError: while collecting in the background.
         """
+        if self._next_iter is None:
+            self._next_iter = iter(self)
+        try:
+            return next(self._next_iter)
+        except StopIteration:
+            return None
+
+    def reset(self) -> None:
+        """Start over: the envs are reset at the next batch (new episodes, new ids), episodes
+        in flight and buffered complete episodes (``trajs_per_batch``) are dropped. The frame
+        count goes on.
+
+        Raises:
+            RuntimeError: while collecting in the background.
+        """
+        self._start_over(None)
+
+    def set_seed(self, seed: int) -> int:
+        """Seed the envs and the random actions: the envs are reset with ``seed`` at the next
+        batch (env ``i`` of a vector env gets ``seed + i``, gymnasium's rule), as after
+        :meth:`reset`. Two runs after the same ``set_seed`` give the same data (ids aside).
+
+        Returns:
+            The seed of the last env, ``seed + num_envs - 1`` (TorchRL returns the last
+            env's seed too).
+
+        Raises:
+            TypeError: ``seed`` is not an int.
+            RuntimeError: while collecting in the background.
+
+        Examples:
+            >>> from splice import Collector
+            >>> collector = Collector("CartPole-v1", num_envs=2, frames_per_batch=20)
+            >>> collector.set_seed(7)
+            8
+            >>> first = collector.next()
+            >>> _ = collector.set_seed(7)
+            >>> again = collector.next()
+            >>> bool((first["observation"] == again["observation"]).all())
+            True
+            >>> collector.shutdown()
+        """
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise TypeError(f"seed must be an int, got {type(seed).__name__}")
+        self._start_over(seed)
+        return seed + self.num_envs - 1
+
+    def _start_over(self, seed: int | None) -> None:
         if self.running:
-            raise RuntimeError(
-                "load_state_dict() while collecting in the background; shut down first"
-            )
-        self.ids.load_state_dict(state["ids"])
-        self._frames = int(state.get("frames", 0))
-        self._batches = int(state.get("batches", 0))
-        if "policy" in state and isinstance(self.policy, torch.nn.Module):
-            self.policy.load_state_dict(state["policy"])
-        self._loop.restart()
+            raise RuntimeError("the collector is collecting in the background; shut it down first")
+        self._loop.restart(seed)
         if self._assembler is not None:
             self._assembler.reset()
-        self._finished = False
 
+    def _close(self) -> None:
+        self._loop.close()
 
-class _Resumer:
-    """Returned by :meth:`Collector.pause`: resumes on ``__exit__``."""
+    def _sync_weights(self) -> None:
+        pass  # the loop runs the caller's policy object itself: its weights are live
 
-    def __init__(self, collector: Collector) -> None:
-        self._collector = collector
+    def _ids_state(self) -> Any:
+        return self.ids.state_dict()
 
-    def __enter__(self) -> _Resumer:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._collector.resume()
-
-
-def _cat_rows(parts: list[TensorDictBase], traj_format: TrajFormat) -> TensorDictBase:
-    """Stack episode batches row-wise (padding to the longest one in ``"padded"`` format)."""
-    if traj_format == "cat":
-        return torch.cat(parts, 0)
-    width = max(p.batch_size[1] for p in parts)
-    padded = []
-    for p in parts:
-        extra = width - p.batch_size[1]
-        if extra:
-            pad = p.apply(
-                lambda x, n=extra: torch.zeros((x.shape[0], n, *x.shape[2:]), dtype=x.dtype),
-                batch_size=[p.batch_size[0], extra],
-            )
-            pad.set(TRAJ_IDS, torch.full((p.batch_size[0], extra), PADDING_ID, dtype=torch.int64))
-            pad.set(MASK, torch.zeros((p.batch_size[0], extra), dtype=torch.bool))
-            p = torch.cat([p, pad], 1)
-        padded.append(p)
-    return torch.cat(padded, 0)
+    def _load_ids_state(self, state: Any) -> None:
+        self.ids.load_state_dict(state)

@@ -69,6 +69,7 @@ class TrajectoryIds:
         start: the first counter value (used when restoring a state dict).
 
     Raises:
+        TypeError: a ``worker_id`` that is not an int (a bool included).
         ValueError: a ``worker_id`` out of range, or the space is exhausted.
 
     Examples:
@@ -79,10 +80,12 @@ class TrajectoryIds:
 
     def __init__(self, worker_id: int | None = None, *, start: int = 0) -> None:
         if worker_id is not None and (
-            isinstance(worker_id, bool)
-            or not isinstance(worker_id, int | np.integer)
-            or not 0 <= worker_id <= MAX_WORKER_ID
+            isinstance(worker_id, bool | np.bool_) or not isinstance(worker_id, int | np.integer)
         ):
+            raise TypeError(
+                f"worker_id must be an int or None, got {type(worker_id).__name__} {worker_id!r}"
+            )
+        if worker_id is not None and not 0 <= worker_id <= MAX_WORKER_ID:
             raise ValueError(
                 f"worker_id must be an int in [0, {MAX_WORKER_ID}] or None, got {worker_id!r}"
             )
@@ -106,6 +109,35 @@ class TrajectoryIds:
         out = np.arange(self._base + self._next, self._base + self._next + n, dtype=np.int64)
         self._next += n
         return out
+
+    def label(self, is_init: np.ndarray, continuing: np.ndarray) -> np.ndarray:
+        """The ``[B, T]`` ids of a batch: fresh ids for the episodes starting in it (where
+        ``is_init``), issued in order of (time step, env row); the steps of row ``b`` before its
+        first start continue the id ``continuing[b]``.
+
+        Row-major segments of equal id start at every row's first step and at every episode
+        start; one ``np.repeat`` fills them (~10x faster than a per-step gather at 1024 envs).
+
+        Examples:
+            >>> import numpy as np
+            >>> ids = TrajectoryIds(worker_id=0)
+            >>> is_init = np.array([[False, True, False], [True, False, True]])
+            >>> ids.label(is_init, continuing=np.array([7, -1]))
+            array([[7, 1, 1],
+                   [0, 0, 2]])
+        """
+        b, steps = is_init.shape
+        begins = is_init.copy()
+        begins[:, 0] = True
+        seg = np.flatnonzero(begins)  # row-major positions, row * T + t
+        seg_row, seg_t = np.divmod(seg, steps)
+        starts = is_init.reshape(-1)[seg]
+        issue_order = np.argsort(seg_t[starts] * b + seg_row[starts], kind="stable")
+        fresh = np.empty(issue_order.size, np.int64)
+        fresh[issue_order] = self.take(issue_order.size)
+        value = continuing[seg_row]
+        value[starts] = fresh
+        return np.repeat(value, np.diff(seg, append=b * steps)).reshape(b, steps)
 
     def state_dict(self) -> dict[str, Any]:
         """``{"worker_id": ..., "next": ...}``."""

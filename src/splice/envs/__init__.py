@@ -15,9 +15,11 @@ from collections.abc import Callable
 from typing import Any
 
 import gymnasium as gym
-from gymnasium.vector import AutoresetMode, VectorEnv
+from gymnasium.vector import AsyncVectorEnv, AutoresetMode, VectorEnv
 
-from splice.envs.base import EnvAdapter, EnvError, Staging
+from splice.envs._workers import WorkerWatch
+from splice.envs.base import EnvAdapter, StepTargets
+from splice.envs.errors import EnvError, EnvWorkerError
 from splice.envs.gym_env import GymEnvAdapter
 from splice.envs.gym_vector import (
     DisabledVectorAdapter,
@@ -25,15 +27,21 @@ from splice.envs.gym_vector import (
     NextStepVectorAdapter,
     SameStepVectorAdapter,
     autoreset_mode_of,
+    refuse_async,
 )
+from splice.envs.infos import EPISODE_STATISTICS, InfoKey
 
 __all__ = [
+    "EPISODE_STATISTICS",
     "EnvAdapter",
     "EnvError",
     "EnvLike",
+    "EnvWorkerError",
     "GymEnvAdapter",
     "GymVectorAdapter",
-    "Staging",
+    "InfoKey",
+    "StepTargets",
+    "WorkerWatch",
     "make_adapter",
 ]
 
@@ -48,6 +56,10 @@ def make_adapter(
 ) -> EnvAdapter:
     """Wrap ``env`` in the adapter that fits it.
 
+    An ``AsyncVectorEnv`` is wrapped in :class:`WorkerWatch`: if one of its worker processes
+    dies, the collector gets an :class:`EnvWorkerError` naming it, and the env is closed with
+    its other workers ended.
+
     Args:
         env: a ``gymnasium.Env``; a ``gymnasium.vector.VectorEnv`` (any autoreset mode); a
             zero-argument callable returning either; or an env id string.
@@ -56,9 +68,10 @@ def make_adapter(
         env_kwargs: keyword arguments for ``gymnasium.make``/``make_vec`` (env id only).
 
     Raises:
-        TypeError: ``env`` is none of the above, or ``num_envs``/``env_kwargs`` are given with
-            an env object.
-        ValueError: a vector env with an unknown autoreset mode, or a non-positive ``num_envs``.
+        TypeError: ``env`` is none of the above, ``num_envs``/``env_kwargs`` are given with
+            an env object, or ``num_envs`` is not an int (a bool included).
+        ValueError: a vector env with an unknown autoreset mode, a non-positive ``num_envs``,
+            or an envpool env in async mode (``batch_size < num_envs``).
 
     Examples:
         >>> import gymnasium as gym
@@ -75,7 +88,9 @@ def make_adapter(
         kwargs = dict(env_kwargs or {})
         if num_envs is None:
             return make_adapter(gym.make(env, **kwargs))
-        if isinstance(num_envs, bool) or not isinstance(num_envs, int) or num_envs < 1:
+        if isinstance(num_envs, bool) or not isinstance(num_envs, int):
+            raise TypeError(f"num_envs must be an int, got {type(num_envs).__name__} {num_envs!r}")
+        if num_envs < 1:
             raise ValueError(f"num_envs must be a positive int, got {num_envs!r}")
         return make_adapter(gym.make_vec(env, num_envs=num_envs, **kwargs))
     if num_envs is not None or env_kwargs is not None:
@@ -83,7 +98,10 @@ def make_adapter(
             "num_envs and env_kwargs only apply to an env id string; got them with "
             f"{type(env).__name__}"
         )
+    refuse_async(env)
     if isinstance(env, VectorEnv):
+        if isinstance(env.unwrapped, AsyncVectorEnv) and not isinstance(env, WorkerWatch):
+            env = WorkerWatch(env)  # a dead worker: a clear error, the others ended
         mode = autoreset_mode_of(env)
         if mode == AutoresetMode.NEXT_STEP:
             return NextStepVectorAdapter(env)

@@ -5,9 +5,10 @@ writes each step straight into the collector's staging arrays. Whatever the env'
 mode, the loop sees the same stream:
 
 * ``adapter.obs`` — the observation leaves *entering* the next step (a reset observation where
-  an episode restarts);
+  an episode restarts), followed by the requested ``info`` entries that came with them;
 * ``adapter.step(action, c)`` writes, at staging column ``c``, the TRUE next observation (the
-  final one at an episode's end), the reward and the terminated/truncated flags, and returns
+  final one at an episode's end) and the info of that step, the reward and the
+  terminated/truncated flags, and returns
   ``None`` when no env restarted, else a bool mask ``[B]``:
 
   - for an adapter with ``dead_steps = False``: the envs whose episode ended at ``c`` and that
@@ -39,36 +40,44 @@ Examples:
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 from gymnasium import spaces
 
-from splice.envs.spaces import Leaf, action_leaf, flattener, observation_leaves
+from splice.envs.errors import EnvError
+from splice.envs.infos import InfoReader, parse_info_keys
+from splice.envs.spaces import (
+    OBJECT,
+    Leaf,
+    action_leaf,
+    flattener,
+    observation_leaves,
+    select_leaves,
+)
 
-__all__ = ["EnvAdapter", "EnvError", "Staging"]
-
-
-class EnvError(ValueError):
-    """An environment returned something that does not match its declared spaces."""
+__all__ = ["EnvAdapter", "EnvError", "StepTargets"]
 
 
 @dataclass
-class Staging:
-    """The env-side staging arrays, time-major ``[C, B, ...]`` (``[C, ...]`` views for one env).
+class StepTargets:
+    """The staging arrays an adapter writes each step's results into, time-major ``[C, B, ...]``
+    (``[C, ...]`` views for one env). The collector owns them; the adapter only writes.
 
     Args:
-        next_obs: one array per observation leaf.
+        next_obs: one array per observation leaf (:attr:`EnvAdapter.obs_leaves`).
         reward: float32 ``[C, B]``.
         terminated: bool ``[C, B]``.
         truncated: bool ``[C, B]``.
+        next_info: one array per info leaf (:attr:`EnvAdapter.info_leaves`).
     """
 
     next_obs: list[np.ndarray]
     reward: np.ndarray
     terminated: np.ndarray
     truncated: np.ndarray
+    next_info: list[np.ndarray] = field(default_factory=list)
 
 
 class EnvAdapter(ABC):
@@ -78,6 +87,10 @@ class EnvAdapter(ABC):
     ``single_observation_space``, ``single_action_space``, ``random_action_space``, ``dead_steps``,
     ``supports_partial_reset`` and ``autoreset_mode`` (a name for messages), then call
     :meth:`_init_spaces`.
+
+    What each step carries besides the env's observation, reward and flags is chosen with
+    :meth:`select` before the first reset: observation keys to leave out, and ``info`` entries
+    to read (:mod:`splice.envs.infos`).
     """
 
     env: Any
@@ -93,47 +106,136 @@ class EnvAdapter(ABC):
     #: True when :meth:`reset_envs` can reset a subset of the envs.
     supports_partial_reset: bool
     autoreset_mode: str
-    staging: Staging
-    #: The observation leaves entering the next step.
+    staging: StepTargets
+    #: The values entering the next step: the observation leaves, then the info leaves.
     obs: list[Any]
     #: Validate the shapes of the next step's results (set by the loop once per batch).
     check_next: bool = True
 
     def _init_spaces(self) -> None:
-        self.obs_leaves: list[Leaf] = observation_leaves(self.single_observation_space)
+        self._all_obs_leaves: list[Leaf] = observation_leaves(self.single_observation_space)
         self.act_leaf: Leaf = action_leaf(self.single_action_space)
-        self._flatten = flattener(self.single_observation_space)
-        self._single_leaf = len(self.obs_leaves) == 1
+        self.infos = InfoReader([], num_envs=self.num_envs, batched=self.batched)
+        self._set_obs_leaves(self._all_obs_leaves)
         self.obs = []
 
+    def _set_obs_leaves(self, leaves: list[Leaf]) -> None:
+        #: The observation leaves stored per step (keys below ``"observation"``).
+        self.obs_leaves: list[Leaf] = leaves
+        self._flatten = flattener(self.single_observation_space, leaves)
+        self._object_obs = [i for i, leaf in enumerate(leaves) if not leaf.is_tensor]
+        self._update_fast_path()
+
+    def _update_fast_path(self) -> None:
+        # The observation is one tensor leaf (not inside a Dict/Tuple) and no info is read:
+        # the step writes the env's array directly.
+        self._single_leaf = (
+            len(self.obs_leaves) == 1
+            and self.obs_leaves[0].path == ()
+            and not self._object_obs
+            and not self.infos.keys
+        )
+
+    def select(
+        self,
+        *,
+        exclude_keys: list[tuple[str, ...]] | None = None,
+        info_keys: Any = None,
+    ) -> None:
+        """Choose what each step carries; call before the first :meth:`reset`.
+
+        Args:
+            exclude_keys: observation keys (full keys, e.g. ``("observation", "mission")``) to
+                leave out of the data and the policy input.
+            info_keys: the ``info`` entries to read (see :func:`splice.envs.infos.parse_info_keys`).
+
+        Raises:
+            ValueError: an excluded key matches no observation leaf, or every leaf is excluded.
+        """
+        self._set_obs_leaves(select_leaves(self._all_obs_leaves, list(exclude_keys or [])))
+        self.infos = InfoReader(
+            parse_info_keys(info_keys), num_envs=self.num_envs, batched=self.batched
+        )
+        self._update_fast_path()
+
+    @property
+    def info_leaves(self) -> list[Leaf]:
+        """The info leaves stored per step (full batch keys); known after the first reset."""
+        return self.infos.leaves
+
+    @property
+    def input_leaves(self) -> list[tuple[tuple[str, ...], Leaf]]:
+        """``(batch key, leaf)`` of every value entering a step, in the order of :attr:`obs`:
+        the observation leaves, then the info leaves (known after the first reset)."""
+        return [(("observation", *leaf.key), leaf) for leaf in self.obs_leaves] + [
+            (leaf.key, leaf) for leaf in self.infos.leaves
+        ]
+
     # ------------------------------------------------------------------ staging
-    def allocate(self, capacity: int) -> Staging:
-        """Fresh staging arrays for ``capacity`` columns (pass the result to :meth:`bind`)."""
+    def allocate(self, capacity: int) -> StepTargets:
+        """Fresh staging arrays for ``capacity`` columns (pass the result to :meth:`bind`).
+        Info leaves are included once known (after the first reset)."""
         b = self.num_envs
-        return Staging(
-            next_obs=[np.empty((capacity, b, *leaf.shape), leaf.dtype) for leaf in self.obs_leaves],
+
+        def column(leaf: Leaf) -> np.ndarray:
+            return np.empty((capacity, b, *leaf.shape), leaf.dtype)
+
+        return StepTargets(
+            next_obs=[column(leaf) for leaf in self.obs_leaves],
             reward=np.empty((capacity, b), np.float32),
             terminated=np.zeros((capacity, b), np.bool_),
             truncated=np.zeros((capacity, b), np.bool_),
+            next_info=[column(leaf) for leaf in self.infos.leaves],
         )
 
-    def bind(self, staging: Staging) -> None:
+    def bind(self, staging: StepTargets) -> None:
         """Write subsequent steps into ``staging``."""
         self.staging = staging
         self._next_obs = staging.next_obs
         self._next_obs0 = staging.next_obs[0]
+        self._next_info = staging.next_info
+        self._next_inputs = staging.next_obs + staging.next_info
         self._reward = staging.reward
         self._terminated = staging.terminated
         self._truncated = staging.truncated
+
+    def _obs_values(self, obs: Any) -> list[Any]:
+        """The observation leaves of ``obs``; a vector env's non-tensor leaves as object
+        arrays ``[B]`` (gymnasium batches them as tuples)."""
+        values = self._flatten(obs)
+        if self._object_obs and self.batched:
+            for i in self._object_obs:
+                arr = np.empty(self.num_envs, OBJECT)
+                arr[:] = list(values[i])
+                values[i] = arr
+        return values
 
     def _write_next_obs(self, obs: Any, c: int) -> list[Any]:
         """Write the observation returned by the env at column ``c``; return its leaves."""
         if self._single_leaf:
             self._next_obs0[c] = obs
             return [obs]
-        values = self._flatten(obs)
+        values = self._obs_values(obs)
         for arr, value in zip(self._next_obs, values, strict=True):
             arr[c] = value
+        return values
+
+    def _read_info(self, info: Any, what: str) -> list[Any]:
+        """The info leaves of ``info`` (discovering their layout at the first reset)."""
+        if not self.infos.keys:
+            return []
+        if not self.infos.discovered:
+            self.infos.discover(info)
+        return self.infos.read(info, what)
+
+    def _read_next_info(self, info: Any, c: int, check: bool) -> list[Any]:
+        """Read the step's info leaves, write them at column ``c``; return them."""
+        values = self.infos.read(info, "step()", check)
+        try:
+            for arr, value in zip(self._next_info, values, strict=True):
+                arr[c] = value
+        except ValueError:
+            self.infos.raise_bad_values(values, "step()")
         return values
 
     # --------------------------------------------------------------- validation
@@ -141,6 +243,13 @@ class EnvAdapter(ABC):
         values = self._flatten(obs)
         lead = (self.num_envs,) if self.batched else ()
         for leaf, value in zip(self.obs_leaves, values, strict=True):
+            if not leaf.is_tensor:
+                if self.batched and len(value) != self.num_envs:
+                    raise EnvError(
+                        f"{what} returned {len(value)} values for the non-tensor observation "
+                        f"{('observation', *leaf.key)!r}; expected {self.num_envs} (one per env)"
+                    )
+                continue
             shape = tuple(np.shape(value))
             if shape != (*lead, *leaf.shape):
                 key = ("observation", *leaf.key)
@@ -188,16 +297,13 @@ class EnvAdapter(ABC):
     def reset_envs(self, mask: np.ndarray) -> None:
         """Reset the envs where ``mask`` is True (the env did not end them); update :attr:`obs`."""
 
-    def sample_actions(self) -> Any:
-        """Uniform random actions for all envs, from :attr:`random_action_space`."""
-        return self.random_action_space.sample()
-
     def action_sampler(self) -> Any:
-        """:meth:`sample_actions` as a bare callable (one call level less in the hot loop)."""
+        """A callable drawing uniform random actions for all envs from
+        :attr:`random_action_space` (a bare callable: one call level less in the hot loop)."""
         return self.random_action_space.sample
 
     def seed_actions(self, seed: int | None) -> None:
-        """Seed the random actions of :meth:`sample_actions`."""
+        """Seed the random actions of :meth:`action_sampler`."""
         self.random_action_space.seed(seed)
 
     def detach_obs(self) -> None:

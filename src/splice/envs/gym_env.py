@@ -50,33 +50,36 @@ class GymEnvAdapter(EnvAdapter):
         self.random_action_space = self.single_action_space
 
     def reset(self, seed: int | None = None) -> None:
-        obs, _ = self.env.reset(seed=seed)
+        obs, info = self.env.reset(seed=seed)
         self._check_obs(obs, "reset()")
-        self.obs = self._flatten(obs)
+        self.obs = self._obs_values(obs) + self._read_info(info, "reset()")
         self.check_next = True
 
     def step(self, action: Any, c: int) -> np.ndarray | None:
-        obs, reward, terminated, truncated, _ = self._step(action)
-        if self.check_next:
+        obs, reward, terminated, truncated, info = self._step(action)
+        check = self.check_next
+        if check:
             self._check_step(obs, reward, terminated, truncated)
         if self._single_leaf:
             self._next_obs0[c] = obs
         else:
-            self._write_next_obs(obs, c)
+            values = self._write_next_obs(obs, c)
+            if self.infos.keys:
+                values += self._read_next_info(info, c, check)
         self._reward[c] = reward
         self._terminated[c] = terminated
         self._truncated[c] = truncated
         if terminated or truncated:
-            obs, _ = self.env.reset()
-            self.obs = self._flatten(obs)
+            obs, info = self.env.reset()
+            self.obs = self._obs_values(obs) + self._read_info(info, "reset()")
             return _RESTART
-        self.obs = [obs] if self._single_leaf else self._flatten(obs)
+        self.obs = [obs] if self._single_leaf else values
         return None
 
     def reset_envs(self, mask: np.ndarray) -> None:
         if bool(mask[0]):
-            obs, _ = self.env.reset()
-            self.obs = self._flatten(obs)
+            obs, info = self.env.reset()
+            self.obs = self._obs_values(obs) + self._read_info(info, "reset()")
 
     def env_action(self, action: np.ndarray) -> Any:
         return action.item() if self._scalar_action else action

@@ -39,7 +39,43 @@ __all__ = [
     "NextStepVectorAdapter",
     "SameStepVectorAdapter",
     "autoreset_mode_of",
+    "refuse_async",
 ]
+
+
+def refuse_async(env: Any) -> None:
+    """Refuse an envpool env in async mode (``batch_size < num_envs``): each of its steps
+    returns a different subset of envs (``info["env_id"]``), which a ``[B, T]`` batch of
+    fixed env rows cannot hold. Make it with ``batch_size == num_envs`` (the default).
+
+    Raises:
+        ValueError: naming async mode and both sizes.
+
+    Examples:
+        >>> class AsyncPool:  # envpool's attributes
+        ...     is_async = True
+        ...     config = {"num_envs": 8, "batch_size": 4}
+        >>> refuse_async(AsyncPool())
+        Traceback (most recent call last):
+        ...
+        ValueError: AsyncPool is an envpool env in async mode (batch_size=4 < num_envs=8): ...
+    """
+    for candidate in (env, getattr(env, "unwrapped", env)):
+        config = getattr(candidate, "config", None)
+        sizes = (
+            (config.get("num_envs"), config.get("batch_size")) if isinstance(config, dict) else ()
+        )
+        is_async = getattr(candidate, "is_async", False) is True or (
+            len(sizes) == 2 and isinstance(sizes[1], int) and 0 < sizes[1] < (sizes[0] or 0)
+        )
+        if is_async:
+            num_envs, batch_size = sizes or (None, None)
+            raise ValueError(
+                f"{type(env).__name__} is an envpool env in async mode (batch_size={batch_size} "
+                f"< num_envs={num_envs}): each step returns a different subset of envs, which "
+                "the collector does not support; make it with batch_size equal to num_envs "
+                "(envpool's default)"
+            )
 
 
 def autoreset_mode_of(env: VectorEnv[Any, Any, Any]) -> AutoresetMode:
@@ -97,9 +133,9 @@ class GymVectorAdapter(EnvAdapter):
         self._step = env.step
 
     def reset(self, seed: int | None = None) -> None:
-        obs, _ = self.env.reset(seed=seed)
+        obs, info = self.env.reset(seed=seed)
         self._check_obs(obs, "reset()")
-        self.obs = self._flatten(obs)
+        self.obs = self._obs_values(obs) + self._read_info(info, "reset()")
         self.check_next = True
 
     def reset_envs(self, mask: np.ndarray) -> None:
@@ -108,19 +144,41 @@ class GymVectorAdapter(EnvAdapter):
                 f"{type(self.env).__name__} cannot reset a subset of its envs "
                 f"(autoreset mode {self.autoreset_mode})"
             )
-        obs, _ = self.env.reset(options={"reset_mask": np.asarray(mask, dtype=np.bool_)})
-        self.obs = self._flatten(obs)
+        mask = np.asarray(mask, dtype=np.bool_)
+        entering_info = self.obs[len(self.obs_leaves) :]
+        obs, info = self.env.reset(options={"reset_mask": mask})
+        self.obs = self._obs_values(obs) + self._merge_reset_info(entering_info, info, mask)
 
-    def _read_step(self, action: Any, c: int) -> tuple[Any, np.ndarray, np.ndarray]:
+    def _merge_reset_info(self, values: list[Any], info: Any, mask: np.ndarray) -> list[Any]:
+        """``values`` (info leaves of every env) with the rows of the envs in ``mask`` taken
+        from ``info``, the info of a ``reset(options={"reset_mask": mask})``."""
+        if not self.infos.keys:
+            return []
+        rows = np.flatnonzero(mask)
+        merged = []
+        for value, fresh in zip(values, self.infos.read_rows(info, rows, "reset()"), strict=True):
+            value = np.array(value, copy=True)
+            value[rows] = fresh
+            merged.append(value)
+        return merged
+
+    def _read_step(self, action: Any, c: int) -> np.ndarray | None:
+        """Step the env and write the results at column ``c``; return the mask of envs whose
+        episode ended, or None if none did."""
         obs, reward, terminated, truncated, info = self._step(action)
-        if self.check_next:
+        check = self.check_next
+        if check:
             self._check_step(obs, reward, terminated, truncated)
         self._last_info = info
         self.obs = self._write_next_obs(obs, c)
+        if self.infos.keys:
+            self.obs += self._read_next_info(info, c, check)
         self._reward[c] = reward
         self._terminated[c] = terminated
         self._truncated[c] = truncated
-        return obs, terminated, truncated
+        if np.count_nonzero(terminated) or np.count_nonzero(truncated):
+            return terminated | truncated
+        return None
 
 
 class NextStepVectorAdapter(GymVectorAdapter):
@@ -142,16 +200,13 @@ class NextStepVectorAdapter(GymVectorAdapter):
                 self._ended = None
 
     def step(self, action: Any, c: int) -> np.ndarray | None:
-        _, terminated, truncated = self._read_step(action, c)
+        ended = self._read_step(action, c)
         # The observation entering the next step is the one just written to staging: read it
         # from there (C-contiguous) rather than from the env's array, which vector entry points
         # return transposed (copying that twice per step costs more than the physics).
-        self.obs = [arr[c] for arr in self._next_obs]
+        self.obs = [arr[c] for arr in self._next_inputs]
         dead = self._ended  # envs that ended last step: this step was their reset
-        if np.count_nonzero(terminated) or np.count_nonzero(truncated):
-            self._ended = terminated | truncated  # a dead step never reports an end
-        else:
-            self._ended = None
+        self._ended = ended  # a dead step never reports an end
         return dead
 
 
@@ -159,10 +214,9 @@ class SameStepVectorAdapter(GymVectorAdapter):
     """SAME_STEP autoreset: patches in the true final observation from ``infos["final_obs"]``."""
 
     def step(self, action: Any, c: int) -> np.ndarray | None:
-        _, terminated, truncated = self._read_step(action, c)
-        if not (np.count_nonzero(terminated) or np.count_nonzero(truncated)):
+        ended = self._read_step(action, c)
+        if ended is None:
             return None
-        ended = terminated | truncated
         info = self._last_info
         final = info.get("final_obs")
         if final is None:
@@ -172,8 +226,15 @@ class SameStepVectorAdapter(GymVectorAdapter):
                 "final observation is lost"
             )
         rows = np.flatnonzero(ended)
-        for i, arr in enumerate(self._next_obs):
-            arr[c, rows] = np.stack([self._flatten(final[r])[i] for r in rows])
+        for r in rows:
+            for arr, value in zip(self._next_obs, self._flatten(final[r]), strict=True):
+                arr[c, r] = value
+        if self.infos.keys:
+            # The info of the final step, not the reset's (which is what info[key] holds).
+            final_info = info.get("final_info", {})
+            values = self.infos.read_rows(final_info, rows, "step() (infos['final_info'])")
+            for arr, value in zip(self._next_info, values, strict=True):
+                arr[c, rows] = value
         return ended
 
 
@@ -181,10 +242,10 @@ class DisabledVectorAdapter(GymVectorAdapter):
     """DISABLED autoreset: resets the finished envs with ``reset(options={"reset_mask": ...})``."""
 
     def step(self, action: Any, c: int) -> np.ndarray | None:
-        _, terminated, truncated = self._read_step(action, c)
-        if not (np.count_nonzero(terminated) or np.count_nonzero(truncated)):
+        ended = self._read_step(action, c)
+        if ended is None:
             return None
-        ended = terminated | truncated
-        obs, _ = self.env.reset(options={"reset_mask": ended})
-        self.obs = self._flatten(obs)
+        entering_info = self.obs[len(self.obs_leaves) :]
+        obs, info = self.env.reset(options={"reset_mask": ended})
+        self.obs = self._obs_values(obs) + self._merge_reset_info(entering_info, info, ended)
         return ended

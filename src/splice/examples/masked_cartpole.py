@@ -16,6 +16,7 @@ Examples:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import gymnasium as gym
@@ -23,7 +24,7 @@ import numpy as np
 from gymnasium.vector.utils import batch_space
 from gymnasium.wrappers.vector import TransformObservation
 
-__all__ = ["KEPT", "MaskVelocity", "make_masked_cartpole"]
+__all__ = ["KEPT", "MaskVelocity", "greedy_returns", "make_masked_cartpole"]
 
 #: Observation entries kept: cart position and pole angle.
 KEPT = (0, 2)
@@ -73,3 +74,32 @@ def make_masked_cartpole(num_envs: int, *, max_episode_steps: int = 500) -> gym.
         observation_space=batch_space(single, num_envs),
         single_observation_space=single,
     )
+
+
+def greedy_returns(act: Callable[[np.ndarray], np.ndarray], episodes: int, seed: int) -> np.ndarray:
+    """Returns of ``episodes`` masked-CartPole episodes run side by side (capped at 500 steps).
+
+    The evaluation every agent of :mod:`splice.examples` (and the sb3-contrib comparison in
+    ``benchmarks/``) uses: env ``i`` is seeded ``seed + i``, all start together, and each
+    episode's return counts until its first end. ``act`` maps the ``[episodes, 2]``
+    observations of one step to ``episodes`` actions; it is called once per step, in order, so
+    a recurrent agent carries its state in a closure (every episode starts on the first call).
+
+    Examples:
+        >>> always_left = lambda obs: np.zeros(len(obs), dtype=np.int64)
+        >>> returns = greedy_returns(always_left, episodes=3, seed=0)
+        >>> returns.shape, bool((returns < 20).all())
+        ((3,), True)
+    """
+    env = make_masked_cartpole(episodes)
+    try:
+        obs, _ = env.reset(seed=seed)
+        returns = np.zeros(episodes)
+        alive = np.ones(episodes, dtype=bool)
+        while alive.any():
+            obs, reward, terminated, truncated, _ = env.step(act(obs))
+            returns += reward * alive
+            alive &= ~(terminated | truncated)
+        return returns
+    finally:
+        env.close()

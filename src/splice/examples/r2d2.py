@@ -10,11 +10,12 @@ The default task is velocity-masked CartPole; any gymnasium env with discrete ac
 * **Replay**: a :class:`splice.SliceSampler` draws ``[32, burn_in + seq_len]`` sequences that
   never cross an episode end, left-aligned with a mask (burn-in / training / padding), and the
   stored state at each sequence's first step (R2D2's "stored state" with burn-in).
-* **Learning**: n-step double DQN on the sequences (Huber loss, hard target updates), one
-  gradient step per ``frames_per_update`` collected frames. The learner keeps that ratio
-  by pausing the collector when it runs ahead (a sample-to-insert rate limiter).
+* **Learning**: n-step double DQN on the sequences (Huber loss, hard target updates,
+  targets from :func:`splice.targets.n_step_return`), one gradient step per
+  ``frames_per_update`` collected frames. The learner keeps that ratio by pausing the
+  collector when it runs ahead (a sample-to-insert rate limiter).
 
-Three agents share everything but what the issue compares:
+Three agents share everything but how they use memory:
 
 * ``"recurrent"``: the above.
 * ``"mlp"``: a memoryless MLP Q-network on the same masked observations and sequences.
@@ -52,10 +53,14 @@ from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 from splice.collectors import Collector
 from splice.examples.qnets import ENV_INDEX_KEY, STATE_KEY, EpsilonGreedy, MLPQNet, RecurrentQNet
 from splice.examples.tasks import MASKABLE, make_task, task_dims
-from splice.layout import DONE, MASK, NEXT_OBSERVATION, OBSERVATION, REWARD, TERMINATED
+from splice.layout import MASK, NEXT_OBSERVATION, OBSERVATION, REWARD
 from splice.replay import BURN_IN, LazyTensorStorage, ReplayBuffer, SliceSampler
+from splice.targets import TargetKeys, n_step_return
 
-__all__ = ["AGENTS", "R2D2Config", "TrainResult", "evaluate", "n_step_targets", "train"]
+__all__ = ["AGENTS", "R2D2Config", "TrainResult", "evaluate", "train"]
+
+#: Where the learner puts ``reward * reward_scale`` for the targets (with a scale != 1).
+SCALED_REWARD_KEY = ("next", "scaled_reward")
 
 Agent = Literal["recurrent", "mlp", "naive"]
 #: The agents ``train`` can run (see the module docs).
@@ -260,49 +265,6 @@ def make_replay(config: R2D2Config) -> ReplayBuffer:
     )
 
 
-def n_step_targets(
-    reward: Tensor,
-    terminated: Tensor,
-    done: Tensor,
-    mask: Tensor,
-    next_value: Tensor,
-    n: int,
-    gamma: float,
-) -> Tensor:
-    """n-step returns for every position of ``[S, L]`` sequences.
-
-    From step ``j`` the return adds up to ``n`` rewards, stopping after a step that is
-    ``done`` (an episode end, or the sequence's end as the sampler marks it) or before
-    padding, then bootstraps with ``next_value`` of the last step it used — unless that
-    step ``terminated``.
-
-    Examples:
-        >>> r = torch.ones(1, 4); no = torch.zeros(1, 4, dtype=torch.bool)
-        >>> term = torch.tensor([[False, True, False, False]])
-        >>> n_step_targets(r, term, term, ~no, torch.full((1, 4), 10.0), n=2, gamma=0.5)
-        tensor([[1.5000, 1.0000, 4.0000, 6.0000]])
-    """
-    s, length = reward.shape
-    positions = torch.arange(length).expand(s, length)
-    target_sum = reward.clone()
-    last = positions.clone()
-    discount = torch.full((s, length), gamma)
-    going = mask & ~done  # the return from j may continue past j + i - 1
-
-    def ahead(x: Tensor, i: int, fill: float | bool) -> Tensor:
-        pad = torch.full((s, i), fill, dtype=x.dtype)
-        return torch.cat([x[:, i:], pad], 1)
-
-    for i in range(1, n):
-        step_ok = going & ahead(mask, i, False)
-        target_sum = target_sum + step_ok * gamma**i * ahead(reward, i, 0.0)
-        last = torch.where(step_ok, positions + i, last)
-        discount = torch.where(step_ok, gamma ** (i + 1), discount)
-        going = step_ok & ~ahead(done, i, True)
-    bootstrap = ~terminated.gather(1, last)
-    return target_sum + discount * bootstrap * next_value.gather(1, last)
-
-
 class Learner:
     """Double DQN with n-step returns on sampled sequences."""
 
@@ -337,18 +299,17 @@ class Learner:
             q_target, _ = self.target(inputs, state)
             best = q_all[:, 1:].argmax(-1, keepdim=True)  # double DQN: online picks
             next_value = q_target[:, 1:].gather(-1, best).squeeze(-1)
-            mask = data[MASK]
-            targets = n_step_targets(
-                data[REWARD].squeeze(-1) * cfg.reward_scale,
-                data[TERMINATED].squeeze(-1),
-                data[DONE].squeeze(-1),
-                mask,
-                next_value,
-                cfg.n_step,
-                cfg.gamma,
-            )
+            # Up to n rewards, then next_value of the last step used (none if terminated):
+            # stops at episode ends and at each sequence's end (the sampler marks it).
+            keys = None
+            if cfg.reward_scale != 1.0:
+                data.set(SCALED_REWARD_KEY, data[REWARD] * cfg.reward_scale)
+                keys = TargetKeys(reward=SCALED_REWARD_KEY)
+            targets = n_step_return(data, next_value, n=cfg.n_step, gamma=cfg.gamma, keys=keys)
+            targets = targets.squeeze(-1)
         action = data["action"].long()
         q = q_all[:, :length].gather(-1, action.unsqueeze(-1)).squeeze(-1)
+        mask = data[MASK]
         train = mask & ~data[BURN_IN] if BURN_IN in data.keys(True) else mask
         weight = train.float()
         loss = (F.smooth_l1_loss(q, targets, reduction="none") * weight).sum() / weight.sum().clamp(

@@ -4,10 +4,15 @@ Names follow TorchRL so that code ports by changing imports:
 
 * storages :class:`~splice.LazyTensorStorage` (memory) and
   :class:`~splice.LazyMemmapStorage` (files, crash safe);
-* :class:`~splice.ReplayBuffer` — ``extend`` any collector layout, ``sample``, ``dumps``/``loads``;
-* samplers :class:`~splice.RandomSampler`, :class:`~splice.SliceSampler`,
-  :class:`~splice.SliceSamplerWithoutReplacement`, :class:`~splice.PrioritizedSliceSampler`;
-* :class:`ReplayIndex` — the incremental trajectory index behind O(batch) slice sampling.
+* :class:`~splice.ReplayBuffer` — ``extend`` any collector layout (or plain tensors and dicts),
+  ``sample``, in-place access by row and key, ``state_dict``, ``dumps``/``loads``;
+* samplers :class:`~splice.RandomSampler`, :class:`~splice.SamplerWithoutReplacement`,
+  :class:`~splice.PrioritizedSampler`, :class:`~splice.SliceSampler`,
+  :class:`~splice.SliceSamplerWithoutReplacement`, :class:`~splice.PrioritizedSliceSampler`,
+  and the contract to write one: :class:`Sampler` (hooks and call order), :class:`Draw`,
+  :class:`SliceMarks`, :class:`SamplerState`;
+* :class:`ReplayIndex` and :class:`WriteReport` — the incremental trajectory index behind
+  O(batch) slice sampling, which samplers read.
 
 Output keys added to samples: ``"index"``, ``"priority_weight"``, ``("collector", "mask")``
 and :data:`~splice.replay.BURN_IN` (``("collector", "burn_in")``).
@@ -15,11 +20,16 @@ and :data:`~splice.replay.BURN_IN` (``("collector", "burn_in")``).
 
 from splice.replay._output import BURN_IN
 from splice.replay.buffer import ReplayBuffer
-from splice.replay.index import ReplayIndex
+from splice.replay.index import ReplayIndex, WriteReport
 from splice.replay.samplers import (
+    Draw,
+    PrioritizedSampler,
     PrioritizedSliceSampler,
     RandomSampler,
     Sampler,
+    SamplerState,
+    SamplerWithoutReplacement,
+    SliceMarks,
     SliceSampler,
     SliceSamplerWithoutReplacement,
 )
@@ -27,14 +37,20 @@ from splice.replay.storage import LazyMemmapStorage, LazyTensorStorage, Storage
 
 __all__ = [
     "BURN_IN",
+    "Draw",
     "LazyMemmapStorage",
     "LazyTensorStorage",
+    "PrioritizedSampler",
     "PrioritizedSliceSampler",
     "RandomSampler",
     "ReplayBuffer",
     "ReplayIndex",
     "Sampler",
+    "SamplerState",
+    "SamplerWithoutReplacement",
+    "SliceMarks",
     "SliceSampler",
     "SliceSamplerWithoutReplacement",
     "Storage",
+    "WriteReport",
 ]

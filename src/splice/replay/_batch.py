@@ -1,6 +1,10 @@
-"""Normalise what ``extend`` receives into flat columns, and check it against the schema.
+"""What ``extend`` receives, as flat columns checked against the storage's schema.
 
-Accepted layouts (all produced by splice's collectors and trajectory ops):
+Accepted containers: a TensorDict, a plain tensor or a (nested) dict of tensors. Tensors and
+dicts are flat batches along their first dim, as in TorchRL; a buffer answers in the kind of
+container it was first given (:class:`Kind`).
+
+Accepted TensorDict layouts (all produced by splice's collectors and trajectory ops):
 
 * flat ``[N]`` steps, including the "cat" layout of whole trajectories;
 * ``[B, T]`` collector batches (``[..., B, T]`` too): stored env-major, each env row
@@ -8,31 +12,119 @@ Accepted layouts (all produced by splice's collectors and trajectory ops):
 * padded ``[N, T]`` trajectories with a ``("collector", "mask")``: padding is dropped (any
   batch of two or more dims that carries the mask key is treated as padded).
 
-Rows whose trajectory id is negative (``-1`` marks padding) are dropped too. Nothing here
-mutates anything: a batch either normalises completely or raises :class:`LayoutError`.
+Flattening and checking follow the batch contract (:func:`splice.contract.flatten_steps`):
+rows whose trajectory id is ``-1`` (padding) are dropped too, an id below ``-1`` is refused,
+and integer ids of any dtype are read as int64. Nothing here mutates anything.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import enum
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
-from tensordict import TensorDictBase
+from tensordict import TensorDict, TensorDictBase
 from torch import Tensor
 
-from splice._gather import take_rows
-from splice.layout import CUT, MASK, LayoutError, tensor_leaves, validate_batch
+from splice.contract import flatten_steps
+from splice.layout import MASK, Key, LayoutError, fmt_key, validate_batch
 
-__all__ = ["Columns", "FlatBatch", "Schema", "flatten_batch", "fmt_key"]
+__all__ = [
+    "Columns",
+    "FlatBatch",
+    "Kind",
+    "Schema",
+    "as_tensordict",
+    "flatten_batch",
+    "from_tensordict",
+    "kind_of",
+]
 
-Key = tuple[str, ...]
 Columns = dict[Key, Tensor]
 
+#: The key under which a buffer of plain tensors stores them.
+TENSOR_KEY: Key = ("_tensor",)
 
-def fmt_key(key: Key) -> str:
-    return repr(key[0]) if len(key) == 1 else repr(key)
+
+class Kind(enum.Enum):
+    """The container a buffer was given, and answers in."""
+
+    TENSORDICT = "tensordict"
+    TENSOR = "tensor"
+    DICT = "dict"
+
+
+def as_tensordict(data: object, *, single: bool = False) -> tuple[TensorDictBase, Kind]:
+    """``data`` as a TensorDict, and its kind.
+
+    Args:
+        data: a TensorDict, a tensor or a (nested) dict of tensors.
+        single: ``data`` is one step (``add``): tensors and dicts get no batch dim.
+
+    Raises:
+        TypeError: any other type.
+        LayoutError: a dict whose tensors do not share their first dim.
+    """
+    if isinstance(data, TensorDictBase):
+        return data, Kind.TENSORDICT
+    if isinstance(data, Tensor):
+        batch = [] if single else list(data.shape[:1])
+        if not single and data.dim() == 0:
+            raise LayoutError("extend expects a tensor with a batch dim; use add() for one step")
+        return TensorDict({TENSOR_KEY: data}, batch_size=batch), Kind.TENSOR
+    if isinstance(data, Mapping):
+        first = _first_tensor(data, ())
+        if first is None:
+            raise LayoutError("a dict given to a replay buffer must hold at least one tensor")
+        batch = [] if single else list(first.shape[:1])
+        try:
+            return TensorDict(dict(data), batch_size=batch), Kind.DICT
+        except RuntimeError as err:
+            raise LayoutError(
+                f"the tensors of a dict must share their first (batch) dim {batch}: {err}"
+            ) from err
+    raise TypeError(
+        "a replay buffer stores TensorDicts, tensors or dicts of tensors, got "
+        f"{type(data).__name__}"
+    )
+
+
+def _first_tensor(data: Mapping[str, Any], path: Key) -> Tensor | None:
+    """The first tensor leaf of a nested dict; TypeError for a leaf that is not a tensor."""
+    first = None
+    for key, value in data.items():
+        if isinstance(value, Mapping):
+            found = _first_tensor(value, (*path, key))
+        elif isinstance(value, Tensor):
+            found = value
+        else:
+            raise TypeError(
+                f"key {fmt_key((*path, key))} holds {type(value).__name__}: a replay buffer "
+                "stores tensors only"
+            )
+        first = found if first is None else first
+    return first
+
+
+def kind_of(name: str | None) -> Kind | None:
+    """The :class:`Kind` saved as ``name`` (None: no data yet).
+
+    Raises:
+        ValueError: an unknown name.
+    """
+    return None if name is None else Kind(name)
+
+
+def from_tensordict(td: TensorDictBase, kind: Kind) -> Any:
+    """A sample or stored rows in the buffer's kind of container."""
+    if kind is Kind.TENSOR:
+        return td.get(TENSOR_KEY)
+    if kind is Kind.DICT:
+        return td.exclude("index").to_dict()
+    return td
 
 
 @dataclass(frozen=True)
@@ -45,9 +137,12 @@ class Schema:
     def of(columns: Columns) -> Schema:
         return Schema({k: (v.dtype, tuple(v.shape[1:])) for k, v in columns.items()})
 
-    def check(self, columns: Columns) -> None:
-        """Raise :class:`LayoutError` naming every missing/extra key or the first mismatch."""
-        missing = [k for k in self.entries if k not in columns]
+    def check(self, columns: Columns, *, subset: bool = False) -> None:
+        """Raise :class:`LayoutError` naming every missing/extra key or the first mismatch.
+
+        ``subset``: the columns may cover only some keys (in-place writes).
+        """
+        missing = [] if subset else [k for k in self.entries if k not in columns]
         extra = [k for k in columns if k not in self.entries]
         if missing or extra:
             parts = []
@@ -59,8 +154,8 @@ class Schema:
                 "batch does not match the buffer's keys: " + "; ".join(parts) + " (the keys "
                 "are fixed by the first batch written to the storage)"
             )
-        for key, (dtype, shape) in self.entries.items():
-            value = columns[key]
+        for key, value in columns.items():
+            dtype, shape = self.entries[key]
             if value.dtype != dtype or tuple(value.shape[1:]) != shape:
                 raise LayoutError(
                     f"key {fmt_key(key)}: expected dtype {dtype} and per-step shape "
@@ -75,12 +170,28 @@ class Schema:
         ]
 
     @staticmethod
-    def from_json(items: list[dict[str, object]]) -> Schema:
+    def from_json(items: object) -> Schema:
+        """The inverse of :meth:`to_json`.
+
+        Raises:
+            ValueError: not a schema written by :meth:`to_json`.
+        """
+        if not isinstance(items, list):
+            raise ValueError(f"a schema is a list of entries, got {type(items).__name__}")
         entries: dict[Key, tuple[torch.dtype, tuple[int, ...]]] = {}
         for item in items:
-            dtype = getattr(torch, str(item["dtype"]))
-            shape = tuple(int(s) for s in item["shape"])  # type: ignore[attr-defined]
-            entries[tuple(item["key"])] = (dtype, shape)  # type: ignore[arg-type]
+            if not isinstance(item, dict):
+                raise ValueError(f"schema entry {item!r} is not an object")
+            key, dtype, shape = item.get("key"), item.get("dtype"), item.get("shape")
+            if (
+                not isinstance(key, list)
+                or not all(isinstance(part, str) for part in key)
+                or not isinstance(shape, list)
+                or not all(isinstance(dim, int) for dim in shape)
+                or not isinstance(getattr(torch, str(dtype), None), torch.dtype)
+            ):
+                raise ValueError(f"bad schema entry {item!r}")
+            entries[tuple(key)] = (getattr(torch, str(dtype)), tuple(shape))
         return Schema(entries)
 
 
@@ -89,19 +200,25 @@ class FlatBatch:
     """A batch as flat ``[N, ...]`` columns, plus what the index needs to know about it.
 
     Attributes:
-        columns: every stored key, ``[N, *per-step shape]``, env-major.
+        columns: every stored key, ``[N, *per-step shape]``, env-major, padding dropped.
+        ids: ``[N]`` int64 trajectory ids (when the buffer uses ids), else None.
         n_envs: env rows ``B`` the steps came from (1 for flat input); each row's steps are
             consecutive in ``columns`` (``n_envs * steps_per_env == N`` unless ``padded``).
         padded: the input was padded trajectories (one trajectory per row, lengths vary).
         row_lengths: for padded input, the number of kept steps of each input row.
         flat: the input was flat ``[N]`` (no env rows to tell streams apart).
+        input_shape: the input's batch shape.
+        source: the flat input position of every kept step (None: all kept, in order).
     """
 
     columns: Columns
+    ids: Tensor | None
     n_envs: int
     padded: bool
     row_lengths: np.ndarray | None
-    flat: bool = False
+    flat: bool
+    input_shape: torch.Size
+    source: np.ndarray | None = None
 
     @property
     def n(self) -> int:
@@ -109,64 +226,38 @@ class FlatBatch:
         return 0 if first is None else first.shape[0]
 
 
-def _leaves(td: TensorDictBase) -> Iterator[tuple[Key, Tensor]]:
-    return tensor_leaves(td, context="a replay buffer")
-
-
-def flatten_batch(td: TensorDictBase, ids_key: Key | None, first: bool) -> FlatBatch:
+def flatten_batch(td: TensorDictBase, ids_key: Key | None, *, first: bool) -> FlatBatch:
     """Flatten ``td`` env-major and drop its padding (see module docs).
 
     Args:
         td: the batch given to ``extend``.
-        ids_key: key of the trajectory ids, if the buffer uses ids (rows with a negative id
-            are padding and are dropped).
+        ids_key: key of the trajectory ids, if the buffer uses ids.
         first: this is the storage's first batch: also run the data-contract validator.
     """
-    if not isinstance(td, TensorDictBase):
-        raise TypeError(f"extend expects a TensorDict, got {type(td).__name__}")
-    if td.ndim == 0:
-        raise LayoutError(
-            "extend expects a batch with at least one dimension ([N], [B, T] or padded "
-            "[N, T]); use add() for a single step"
-        )
+    steps = flatten_steps(td, ids_key=ids_key, mask_key=MASK, context="a replay buffer batch")
     if first:
         validate_batch(td, check_done_consistency=False)
-    batch = td.batch_size
-    ndim = len(batch)
-    n = batch.numel()
-    leaves = dict(_leaves(td))
-    mask = leaves.pop(MASK, None)
-    columns = {k: v.reshape(n, *v.shape[ndim:]) for k, v in leaves.items()}
-    keep: Tensor | None = None
-    if mask is not None:
-        if mask.dtype != torch.bool or mask.shape != batch:
-            raise LayoutError(
-                f"key {fmt_key(MASK)}: expected dtype torch.bool and shape {list(batch)}, got "
-                f"dtype {mask.dtype} and shape {list(mask.shape)}"
-            )
-        keep = mask.reshape(n)
-    if ids_key is not None and ids_key in columns:
-        ids = columns[ids_key]
-        if ids.dtype != torch.int64 or ids.shape != (n,):
-            raise LayoutError(
-                f"key {fmt_key(ids_key)}: expected dtype torch.int64 and shape {list(batch)}, "
-                f"got dtype {ids.dtype} and shape {list(leaves[ids_key].shape)}"
-            )
-        real = ids >= 0
-        keep = real if keep is None else keep & real
-    padded = mask is not None and ndim >= 2
-    n_envs = 1 if ndim == 1 else batch[:-1].numel()
+    padded = steps.mask is not None and len(steps.batch_shape) >= 2
     row_lengths = None
-    if keep is not None and not bool(keep.all()):
-        if padded:
-            row_lengths = keep.reshape(n_envs, batch[-1]).sum(1).numpy().astype(np.int64)
-        idx = keep.nonzero().squeeze(1)
-        columns = {k: take_rows(v, idx) for k, v in columns.items()}
-    elif padded:
-        row_lengths = np.full(n_envs, batch[-1], dtype=np.int64)
-    if CUT in columns and (columns[CUT].dtype != torch.bool or columns[CUT].dim() != 1):
-        raise LayoutError(
-            f"key {fmt_key(CUT)}: expected dtype torch.bool and shape {list(batch)}, got dtype "
-            f"{columns[CUT].dtype} and shape {list(leaves[CUT].shape)}"
+    if padded:
+        T = steps.steps_per_env
+        row_lengths = (
+            np.full(steps.n_envs, T, dtype=np.int64)
+            if steps.real is None
+            else steps.real.reshape(steps.n_envs, T).sum(1).numpy().astype(np.int64)
         )
-    return FlatBatch(columns, n_envs, padded, row_lengths, flat=ndim == 1)
+    source = None
+    kept = steps
+    if steps.real is not None:
+        source = steps.real.nonzero().squeeze(1).numpy()
+        kept = steps.without_padding()
+    return FlatBatch(
+        columns=kept.columns,
+        ids=kept.ids,
+        n_envs=steps.n_envs,
+        padded=padded,
+        row_lengths=row_lengths,
+        flat=len(steps.batch_shape) == 1,
+        input_shape=steps.batch_shape,
+        source=source,
+    )

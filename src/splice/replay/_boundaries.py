@@ -2,9 +2,11 @@
 
 Three modes, chosen once, from the first batch a buffer receives:
 
-* ``"ids"`` — the batch carries trajectory ids (``("collector", "traj_ids")`` or the sampler's
-  ``traj_key``): the id is the key. Trajectories continue across extends, envs and writers
-  under their id, so interleaved writers need nothing special.
+* ``"ids"`` — the batch carries trajectory ids: the sampler's ``traj_key``, else
+  ``("collector", "traj_ids")``, else TorchRL's ``"episode"``. The id is the key.
+  Trajectories continue across extends, envs and writers under their id, so interleaved
+  writers need nothing special. A ``traj_key`` absent from the data falls back to the end
+  flags, as in TorchRL.
 * ``"flags"`` — no ids, but end-of-trajectory flags (the sampler's ``end_key``, default
   ``("next", "done")``): a new trajectory starts after every flagged step that is not a
   collector cut (``("collector", "cut")``), and keys are synthesised. The last trajectory of
@@ -22,12 +24,18 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
+from tensordict import TensorDictBase
 
-from splice.layout import CUT, DONE, TRAJ_IDS, LayoutError, as_key_tuple
-from splice.replay._batch import Columns, FlatBatch, Key, fmt_key
+from splice.layout import CUT, DONE, TRAJ_IDS, Key, LayoutError, as_key_tuple, fmt_key
+from splice.replay._batch import Columns, FlatBatch
+from splice.replay._state import as_int
 from splice.replay._structures import I64
 
 __all__ = ["Boundaries", "resolve_boundaries"]
+
+#: TorchRL's episode counter key, detected after ``("collector", "traj_ids")``.
+EPISODE = ("episode",)
+_MODES = ("ids", "flags", "stream")
 
 
 @dataclass
@@ -53,8 +61,8 @@ class Boundaries:
         Pure: returns ``(keys, open_keys, next_key)`` without changing ``self``.
         """
         if self.mode == "ids":
-            assert self.key is not None
-            return batch.columns[self.key].numpy(), self.open_keys, self.next_key
+            assert batch.ids is not None
+            return batch.ids.numpy(), self.open_keys, self.next_key
         n = batch.n
         ends, cut = _end_flags(batch.columns, self.key, n)
         if batch.padded:
@@ -113,14 +121,34 @@ class Boundaries:
             "next_key": self.next_key,
         }
 
+    @property
+    def ids_key(self) -> Key | None:
+        """The key of the ids when trajectories come from ids."""
+        return self.key if self.mode == "ids" else None
+
     @staticmethod
-    def from_json(state: dict[str, object]) -> Boundaries:
-        key = state["key"]
+    def from_json(state: object) -> Boundaries:
+        """The inverse of :meth:`to_json`.
+
+        Raises:
+            ValueError: not a document written by :meth:`to_json`.
+        """
+        if not isinstance(state, dict):
+            raise ValueError(f"boundaries: expected an object, got {type(state).__name__}")
+        mode, key, open_keys = state.get("mode"), state.get("key"), state.get("open_keys")
+        if mode not in _MODES:
+            raise ValueError(f"boundaries: unknown mode {mode!r}")
+        if key is not None and not (
+            isinstance(key, list) and all(isinstance(part, str) for part in key)
+        ):
+            raise ValueError(f"boundaries: bad key {key!r}")
+        if not isinstance(open_keys, list):
+            raise ValueError(f"boundaries: bad open_keys {open_keys!r}")
         return Boundaries(
-            mode=str(state["mode"]),
-            key=None if key is None else tuple(key),  # type: ignore[arg-type]
-            open_keys=np.asarray(state["open_keys"], dtype=I64),
-            next_key=int(state["next_key"]),  # type: ignore[call-overload]
+            mode=str(mode),
+            key=None if key is None else tuple(key),
+            open_keys=np.asarray(open_keys, dtype=I64),
+            next_key=as_int(state.get("next_key"), "boundaries next_key"),
         )
 
 
@@ -136,7 +164,7 @@ def _end_flags(columns: Columns, key: Key | None, n: int) -> tuple[np.ndarray, n
 
 
 def resolve_boundaries(
-    columns: Columns,
+    td: TensorDictBase,
     *,
     traj_key: Key | None,
     end_key: Key | None,
@@ -145,26 +173,25 @@ def resolve_boundaries(
     """Choose the boundary mode from the first batch (see module docs).
 
     Raises:
-        LayoutError: ``traj_key`` was given but is absent, or the sampler needs trajectories
-            and the batch has neither ids nor end flags.
+        LayoutError: the sampler needs trajectories and the batch has neither ids nor end
+            flags, or the end flag is not bool.
     """
-    if traj_key is not None:
-        if traj_key not in columns:
-            raise LayoutError(f"traj_key {fmt_key(traj_key)} is not in the batch")
-        return Boundaries("ids", traj_key)
-    if TRAJ_IDS in columns:
-        return Boundaries("ids", TRAJ_IDS)
+    for key in (traj_key, TRAJ_IDS, EPISODE):
+        if key is not None and td.get(key, None) is not None:
+            return Boundaries("ids", as_key_tuple(key))
     flag = end_key if end_key is not None else as_key_tuple(DONE)
-    if flag in columns:
-        if columns[flag].dtype != torch.bool:
+    value = td.get(flag, None)
+    if value is not None:
+        if value.dtype != torch.bool:
             raise LayoutError(
-                f"end key {fmt_key(flag)}: expected dtype torch.bool, got {columns[flag].dtype}"
+                f"end key {fmt_key(flag)}: expected dtype torch.bool, got {value.dtype}"
             )
         return Boundaries("flags", flag)
-    if needs_trajectories or end_key is not None:
+    if needs_trajectories or end_key is not None or traj_key is not None:
+        where = f"{fmt_key(traj_key)}, " if traj_key is not None else ""
         raise LayoutError(
-            f"cannot find trajectory boundaries: the batch has no trajectory ids at "
-            f"{fmt_key(TRAJ_IDS)} and no end flags at {fmt_key(flag)} (pass traj_key= or "
-            "end_key= to the sampler)"
+            f"cannot find trajectory boundaries: the batch has no trajectory ids at {where}"
+            f"{fmt_key(TRAJ_IDS)} or {fmt_key(EPISODE)} and no end flags at {fmt_key(flag)} "
+            "(pass traj_key= or end_key= to the sampler)"
         )
     return Boundaries("stream", None)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
@@ -86,7 +87,7 @@ def tensor_from_file(path: Path, dtype: torch.dtype, shape: tuple[int, ...]) -> 
     return torch.from_numpy(raw).view(dtype).view(shape)
 
 
-def save_arrays(directory: Path, arrays: dict[str, object]) -> dict[str, object]:
+def save_arrays(directory: Path, arrays: Mapping[str, object]) -> dict[str, object]:
     """Save the numpy arrays of ``arrays`` as ``.npy`` files; return the JSON-able rest."""
     directory.mkdir(parents=True, exist_ok=True)
     scalars: dict[str, object] = {}

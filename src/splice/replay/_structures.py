@@ -8,17 +8,64 @@ without pickle:
   segments);
 * :class:`KeyMap` — a sorted map from int64 keys (trajectory ids) to slots;
 * :class:`DenseSet` — a set of small integers with O(1) add/remove and O(1) uniform draws;
-* :class:`SegmentTree` — a wide (fan-out 16) sum- or min-tree for prioritised draws.
+* :class:`SumTree` — weights with their sum, minimum and a batched prefix-sum search
+  (blocks of 32), for prioritised draws.
+
+Each has a typed state (``state()`` / ``restore(state)``), a dataclass that
+:mod:`splice.replay._state` saves without pickle.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
-__all__ = ["DenseSet", "KeyMap", "Pool", "SegmentTree"]
+__all__ = [
+    "DenseSet",
+    "DenseSetState",
+    "KeyMap",
+    "KeyMapState",
+    "Pool",
+    "PoolState",
+    "SumTree",
+    "SumTreeState",
+]
 
 I64 = np.int64
-State = dict[str, "np.ndarray | int | float"]
+
+
+@dataclass
+class PoolState:
+    """:class:`Pool`: one array per field, and the free list."""
+
+    fields: dict[str, np.ndarray]
+    free: np.ndarray
+    n_free: int
+
+
+@dataclass
+class KeyMapState:
+    """:class:`KeyMap`: the sorted keys and their values (tombstones are -1)."""
+
+    keys: np.ndarray
+    vals: np.ndarray
+    n_dead: int
+
+
+@dataclass
+class DenseSetState:
+    """:class:`DenseSet`: its members (in draw order) and its universe."""
+
+    items: np.ndarray
+    universe: int
+
+
+@dataclass
+class SumTreeState:
+    """:class:`SumTree`: the leaves (the levels above are recomputed)."""
+
+    leaves: np.ndarray
 
 
 def _empty() -> np.ndarray:
@@ -81,17 +128,17 @@ class Pool:
         self.free[self.n_free : self.n_free + k] = ids[::-1]
         self.n_free += k
 
-    def state_dict(self, prefix: str) -> State:
-        out: State = {f"{prefix}{f}": self.a[f] for f in self.fields}
-        out[f"{prefix}free"] = self.free
-        out[f"{prefix}n_free"] = self.n_free
-        return out
+    def state(self) -> PoolState:
+        return PoolState({f: self.a[f] for f in self.fields}, self.free, self.n_free)
 
-    def load_state_dict(self, state: State, prefix: str) -> None:
+    def restore(self, state: PoolState) -> None:
+        missing = set(self.fields) - set(state.fields)
+        if missing:
+            raise ValueError(f"saved pool state lacks fields {sorted(missing)}")
         for f in self.fields:
-            self.a[f] = np.array(state[f"{prefix}{f}"], dtype=I64)
-        self.free = np.array(state[f"{prefix}free"], dtype=I64)
-        self.n_free = int(state[f"{prefix}n_free"])  # type: ignore[arg-type]
+            self.a[f] = np.array(state.fields[f], dtype=I64)
+        self.free = np.array(state.free, dtype=I64)
+        self.n_free = state.n_free
 
 
 class KeyMap:
@@ -189,21 +236,17 @@ class KeyMap:
             grown[: self.n] = getattr(self, name)[: self.n]
             setattr(self, name, grown)
 
-    def state_dict(self, prefix: str) -> State:
-        return {
-            f"{prefix}keys": self.keys[: self.n].copy(),
-            f"{prefix}vals": self.vals[: self.n].copy(),
-            f"{prefix}n_dead": self.n_dead,
-        }
+    def state(self) -> KeyMapState:
+        return KeyMapState(self.keys[: self.n].copy(), self.vals[: self.n].copy(), self.n_dead)
 
-    def load_state_dict(self, state: State, prefix: str) -> None:
-        keys = np.array(state[f"{prefix}keys"], dtype=I64)
+    def restore(self, state: KeyMapState) -> None:
+        keys = np.array(state.keys, dtype=I64)
         self.n = keys.size
         self.keys = np.empty(max(2 * self.n, 64), dtype=I64)
         self.vals = np.empty(max(2 * self.n, 64), dtype=I64)
         self.keys[: self.n] = keys
-        self.vals[: self.n] = np.array(state[f"{prefix}vals"], dtype=I64)
-        self.n_dead = int(state[f"{prefix}n_dead"])  # type: ignore[arg-type]
+        self.vals[: self.n] = np.array(state.vals, dtype=I64)
+        self.n_dead = state.n_dead
 
 
 class DenseSet:
@@ -279,105 +322,187 @@ class DenseSet:
         self.pos[self.items[: self.n]] = -1
         self.n = 0
 
-    def state_dict(self, prefix: str) -> State:
-        return {f"{prefix}items": self.items[: self.n].copy(), f"{prefix}universe": self.pos.size}
+    def state(self) -> DenseSetState:
+        return DenseSetState(self.items[: self.n].copy(), self.pos.size)
 
-    def load_state_dict(self, state: State, prefix: str) -> None:
-        members = np.array(state[f"{prefix}items"], dtype=I64)
-        self.items = np.empty(int(state[f"{prefix}universe"]), dtype=I64)  # type: ignore[arg-type]
+    def restore(self, state: DenseSetState) -> None:
+        members = np.array(state.items, dtype=I64)
+        self.items = np.empty(state.universe, dtype=I64)
         self.pos = np.full(self.items.size, -1, dtype=I64)
         self.n = members.size
         self.items[: self.n] = members
         self.pos[members] = np.arange(self.n, dtype=I64)
 
 
-class SegmentTree:
-    """A fan-out-64 tree of float64 leaves keeping subtree sums (or minima).
+class SumTree:
+    """Non-negative float64 weights, their sum, minimum and batched prefix-sum search.
 
-    ``set(i, v)`` costs O(k log n) for k leaves (parents are recomputed from their children,
-    so rounding errors never accumulate); :meth:`find` descends the sum tree for a batch of
-    prefix sums in O(batch log n). Depth for a million leaves: 4 (wide nodes: few numpy
-    calls per level).
+    Built for prioritised sampling: :meth:`find` maps uniform masses in ``[0, total)`` to
+    leaves in proportion to their weight. Leaves are grouped in blocks of ``FANOUT``; each
+    block keeps the running sums of its children (``prefix``), and the block sums are the
+    weights of the level above, until a level has at most ``TOP`` blocks (a million leaves
+    make one level of 31,250 blocks). A search sorts its masses (so that memory is walked
+    in order), ``np.searchsorted``s them into the running sum of the top (recomputed only
+    after a change, O(``TOP``)), then, per level, gathers each query's block of running
+    sums as one row and picks the first child whose running sum exceeds what is left of the
+    query: a handful of whole-array numpy calls per level, no Python loop over queries.
+    Zero-weight leaves are never found.
+
+    :meth:`set` recomputes the running sums (and positive minima) of the changed blocks at
+    every level: O(k * FANOUT) per level for k leaves. The running sums of the changed
+    blocks are one flat ``cumsum`` (numpy's ``cumsum`` along short rows is several times
+    slower) minus each block's start, so they carry a rounding error of about 1e-16 times
+    the sum of the blocks changed together: a leaf lighter than that is drawn less often
+    than its weight says, or never.
 
     Examples:
-        >>> t = SegmentTree(40, "sum")
+        >>> t = SumTree(40)
         >>> t.set(np.array([3, 30]), np.array([1.0, 3.0]))
-        >>> t.total()
-        4.0
+        >>> t.total(), t.min()
+        (4.0, 1.0)
         >>> t.find(np.array([0.5, 1.5, 3.9])).tolist()
         [3, 30, 30]
-        >>> m = SegmentTree(40, "min")
-        >>> m.set(np.array([3, 30]), np.array([1.0, 3.0]))
-        >>> m.total()
-        1.0
     """
 
-    FANOUT = 64
+    FANOUT = 32
+    TOP = 1 << 15
 
-    def __init__(self, n: int, op: str) -> None:
-        if op not in ("sum", "min"):
-            raise ValueError(f"op must be 'sum' or 'min', got {op!r}")
+    def __init__(self, n: int) -> None:
         self.n = n
-        self.op = op
-        self.fill = 0.0 if op == "sum" else np.inf
         F = self.FANOUT
-        self.levels: list[np.ndarray] = []
-        size = max(n, 1)
+        # weights[0]: the leaves; weights[d + 1]: the block sums of level d; all but the
+        # last (the top) padded to whole blocks. prefix[d]: the running sums inside each
+        # block of level d; mins[d]: each block's smallest positive leaf (inf: none),
+        # sized like weights[d + 1].
+        self.weights: list[np.ndarray] = [np.zeros(_whole(max(n, 1), F))]
+        self.prefix: list[np.ndarray] = []
         while True:
-            padded = -(-size // F) * F
-            self.levels.append(np.full(padded, self.fill, dtype=np.float64))
-            size = padded // F
-            if size == 1:
+            blocks = self.weights[-1].size // F
+            self.prefix.append(np.zeros((blocks, F)))
+            top = blocks <= self.TOP
+            self.weights.append(np.zeros(blocks if top else _whole(blocks, F)))
+            if top:
                 break
-        self.levels.append(np.full(1, self.fill, dtype=np.float64))
+        self.mins = [np.full(w.size, np.inf) for w in self.weights[1:]]
+        self._cum: np.ndarray | None = None  # running sum of the top, None after a change
+        self._last = 0  # the last top node with a positive weight
+        self._min: float | None = None
 
-    def _reduce(self, block: np.ndarray) -> np.ndarray:
-        return block.sum(axis=1) if self.op == "sum" else block.min(axis=1)
+    @property
+    def top(self) -> np.ndarray:
+        return self.weights[-1]
 
     def set(self, idx: np.ndarray, values: np.ndarray) -> None:
+        """Set the weights of leaves ``idx`` (with repeated leaves, the last value wins)."""
         if idx.size == 0:
             return
         F = self.FANOUT
-        self.levels[0][idx] = values
-        nodes = np.unique(idx // F)
-        for depth in range(1, len(self.levels)):
-            child = self.levels[depth - 1]
-            block = child[(nodes * F)[:, None] + np.arange(F)]
-            self.levels[depth][nodes] = self._reduce(block)
-            nodes = np.unique(nodes // F)
+        idx, values = last_of_each(idx, np.broadcast_to(values, idx.shape))
+        self.weights[0][idx] = values
+        blocks = _distinct_sorted(idx // F)
+        for depth, prefix in enumerate(self.prefix):
+            rows = self.weights[depth].reshape(-1, F)[blocks]
+            running = np.cumsum(rows.ravel()).reshape(rows.shape)
+            running[1:] -= running[:-1, -1:].copy()  # each block from 0
+            prefix[blocks] = running
+            self.weights[depth + 1][blocks] = running[:, -1]
+            if depth == 0:
+                least = np.where(rows > 0, rows, np.inf)
+            else:
+                least = self.mins[depth - 1].reshape(-1, F)[blocks]
+            # (``minimum.reduceat`` over the flat rows: ``min(axis=1)`` on short rows is
+            # slower.)
+            starts = np.arange(0, least.size, F)
+            self.mins[depth][blocks] = np.minimum.reduceat(least.ravel(), starts)
+            blocks = _distinct_sorted(blocks // F)
+        self._cum = self._min = None
 
     def get(self, idx: np.ndarray) -> np.ndarray:
-        return self.levels[0][idx]
+        return self.weights[0][idx]
+
+    def _running(self) -> np.ndarray:
+        if self._cum is None:
+            self._cum = np.cumsum(self.top)
+            self._last = int(np.searchsorted(self._cum, self._cum[-1], side="left"))
+        return self._cum
 
     def total(self) -> float:
-        return float(self.levels[-1][0])
+        return float(self._running()[-1])
 
-    def find(self, prefix: np.ndarray) -> np.ndarray:
-        """For each value ``u`` in ``[0, total)``, the leaf where the running sum passes ``u``."""
+    def min(self) -> float:
+        """The smallest positive weight (inf when there is none)."""
+        if self._min is None:
+            self._min = float(self.mins[-1].min())
+        return self._min
+
+    def find(self, mass: np.ndarray) -> np.ndarray:
+        """For each mass ``u`` in ``[0, total)``: the leaf where the running sum passes ``u``."""
         F = self.FANOUT
-        node = np.zeros(prefix.size, dtype=I64)
-        u = prefix.astype(np.float64, copy=True)
-        arange = np.arange(F)
-        for depth in range(len(self.levels) - 1, 0, -1):
-            base = node * F
-            cums = np.cumsum(self.levels[depth - 1][base[:, None] + arange], axis=1)
-            below = cums <= u[:, None]
-            j = np.minimum(below.sum(axis=1), F - 1)
-            u -= (cums * below).max(axis=1)  # the running sum before child j
-            node = base + j
-        return node
+        order = np.argsort(mass)
+        cum = self._running()
+        node = np.searchsorted(cum, mass[order], side="right")
+        np.minimum(node, self._last, out=node)  # a mass rounded up to the total
+        rest = mass[order] - (cum[node] - self.top[node])  # the mass left inside the node
+        pick = np.arange(node.size)
+        for prefix in reversed(self.prefix):
+            rows = prefix[node]
+            # Rounding may leave ``rest`` at or past the block's sum: keep it below, so the
+            # first running sum above it is a positive child.
+            np.minimum(rest, np.nextafter(rows[:, -1], 0.0), out=rest)
+            child = np.argmax(rows > rest[:, None], axis=1)
+            rest -= np.where(child > 0, rows[pick, child - 1], 0.0)
+            np.maximum(rest, 0.0, out=rest)
+            node = node * F + child
+        out = np.empty_like(node)
+        out[order] = node
+        return out
 
     def clear(self) -> None:
-        for level in self.levels:
-            level.fill(self.fill)
+        for level in self.weights + self.prefix:
+            level.fill(0.0)
+        for level in self.mins:
+            level.fill(np.inf)
+        self._cum = self._min = None
 
-    def state_dict(self, prefix: str) -> State:
-        return {f"{prefix}leaves": self.levels[0][: self.n].copy()}
+    def state(self) -> SumTreeState:
+        return SumTreeState(self.weights[0][: self.n].copy())
 
-    def load_state_dict(self, state: State, prefix: str) -> None:
-        leaves = np.asarray(state[f"{prefix}leaves"], dtype=np.float64)
+    def restore(self, state: SumTreeState) -> None:
+        leaves = np.asarray(state.leaves, dtype=np.float64)
+        if leaves.size != self.n:
+            raise ValueError(f"saved tree has {leaves.size} leaves, this one {self.n}")
         self.clear()
         self.set(np.arange(leaves.size, dtype=I64), leaves)
+
+
+def last_of_each(idx: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``idx`` sorted without repeats, each with the last of its ``values``.
+
+    (A sort and a mask: ``np.unique`` costs several times more on a few hundred numbers.)
+    """
+    if idx.size == 0:
+        return idx, values
+    order = np.argsort(idx, kind="stable")
+    idx = idx[order]
+    last = np.empty(idx.size, dtype=bool)
+    np.not_equal(idx[1:], idx[:-1], out=last[:-1])
+    last[-1] = True
+    return idx[last], values[order][last]
+
+
+def _distinct_sorted(x: np.ndarray) -> np.ndarray:
+    """The distinct values of a sorted array."""
+    if x.size == 0:
+        return x
+    first = np.empty(x.size, dtype=bool)
+    first[0] = True
+    np.not_equal(x[1:], x[:-1], out=first[1:])
+    return x[first]
+
+
+def _whole(size: int, block: int) -> int:
+    """``size`` rounded up to whole blocks."""
+    return -(-size // block) * block
 
 
 def as_i64(x: object) -> np.ndarray:

@@ -3,36 +3,46 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
+from typing import Any, Literal, overload
 
 import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
+from tensordict.utils import NestedKey
 from torch import Tensor
 
 from splice._gather import take_rows
-from splice.layout import TRAJ_IDS, LayoutError
+from splice.layout import CUT, Key, LayoutError, as_key_tuple, fmt_key
 from splice.replay import _output
-from splice.replay._batch import Columns, Schema, flatten_batch
+from splice.replay._batch import (
+    Columns,
+    Kind,
+    Schema,
+    as_tensordict,
+    flatten_batch,
+    from_tensordict,
+    kind_of,
+)
 from splice.replay._boundaries import Boundaries, resolve_boundaries
-from splice.replay._files import (
-    load_arrays,
-    read_json,
-    save_arrays,
-    tensor_from_file,
-    tensor_to_file,
-    write_json_atomic,
+from splice.replay._persist import (
+    Snapshot,
+    check_arrays,
+    from_state_dict,
+    read_dir,
+    to_state_dict,
+    write_dir,
 )
 from splice.replay._structures import I64
 from splice.replay.index import ReplayIndex
-from splice.replay.samplers import RandomSampler, Sampler, SliceSampler
-from splice.replay.storage import LazyTensorStorage, Storage
+from splice.replay.samplers import RandomSampler, Sampler
+from splice.replay.storage import CommitState, LazyTensorStorage, Storage
 from splice.trajectories._index import index_by_id
 
 __all__ = ["ReplayBuffer"]
 
-_FORMAT = "splice.replay/1"
+Index = int | slice | Sequence[int] | Tensor | np.ndarray
 
 
 class ReplayBuffer:
@@ -41,12 +51,16 @@ class ReplayBuffer:
     ``extend`` accepts every layout splice's collectors produce — flat ``[N]`` (and "cat"
     trajectories), ``[B, T]`` collector batches (stored env-major, so a chunk of one trajectory
     is contiguous), padded ``[N, T]`` trajectories with ``("collector", "mask")`` (padding is
-    dropped). Every extend is atomic: a batch with missing or extra keys, or a wrong dtype or
-    shape, raises :class:`~splice.layout.LayoutError` and leaves the buffer as it was.
+    dropped) — and, as TorchRL's buffer, plain tensors and (nested) dicts of tensors, which
+    are flat batches along their first dim; samples come back in the kind of container the
+    buffer was first given. It returns, for every input step, the storage row it went to.
+    Every extend is atomic: a batch with missing or extra keys, or a wrong dtype or shape,
+    raises :class:`~splice.layout.LayoutError` and leaves the buffer as it was.
 
     On every write the buffer updates, in O(batch), an index of which trajectory and step each
-    stored row holds (boundaries from ``("collector", "traj_ids")``, else from end flags, see
+    stored row holds (boundaries from trajectory ids, else from end flags, see
     :class:`SliceSampler`); samplers use it to draw in O(batch), never scanning the storage.
+    A sampler implements the public contract of :class:`~splice.replay.Sampler`.
 
     The sample is a TensorDict with the stored keys plus ``"index"`` (storage rows) and, for
     slice samplers, TorchRL's slice marks (truncated/done at slice ends, ``is_init`` at slice
@@ -54,15 +68,22 @@ class ReplayBuffer:
     and ``"priority_weight"`` for prioritised samplers — what TorchRL's
     ``TensorDictReplayBuffer`` writes into its samples.
 
+    Stored data can be read and changed in place by storage row, as in TorchRL: ``rb[i]``,
+    ``rb[2:]``, ``rb["key"]``, ``rb[i] = data``, :meth:`set_at_`, :meth:`set_` and
+    :meth:`update_`. In-place writes may not change trajectory boundaries (the ids or end
+    flags the index was built from): that raises :class:`~splice.layout.LayoutError`.
+
     One writer thread (a collector's ``start()``) and sampling threads may use a buffer
-    concurrently: ``extend``, ``sample`` and ``update_priority`` hold a lock while they touch
-    the storage and index (the tensor bookkeeping of a sample is done outside it), so a sample
-    never sees a half-written batch or a stale index.
+    concurrently: every method that touches the storage or index holds a lock (the tensor
+    bookkeeping of a sample is done outside it), so a sample never sees a half-written batch
+    or a stale index.
 
     Args:
         storage: where steps live (default ``LazyTensorStorage(1000)``, as in TorchRL).
         sampler: how batches are drawn (default :class:`RandomSampler`).
         batch_size: default number of (training) steps per ``sample()``.
+        generator: the random generator the sampler draws from (it replaces the
+            sampler's), as TorchRL's ``ReplayBuffer(generator=...)``.
 
     Examples:
         R2D2-style recurrent replay: slices of 40 training steps, each preceded by up to 20
@@ -100,6 +121,13 @@ class ReplayBuffer:
         >>> # q = net.unroll(data["observation"], h0)  ->  loss = (td_error**2)[train].mean()
         >>> bool((train.sum(1) <= 40).all()), bool((data["index"][~real] == -1).all())
         (True, True)
+
+        Plain tensors, and rows addressed by what ``extend`` returned:
+
+        >>> rb = ReplayBuffer(storage=LazyTensorStorage(4))
+        >>> rows = rb.extend(torch.arange(6) * 10)  # 6 steps into 4 rows: the ring wraps
+        >>> rows.tolist(), rb[rows[-4:]].tolist()
+        ([0, 1, 2, 3, 0, 1], [20, 30, 40, 50])
     """
 
     def __init__(
@@ -108,29 +136,45 @@ class ReplayBuffer:
         storage: Storage | None = None,
         sampler: Sampler | None = None,
         batch_size: int | None = None,
+        generator: torch.Generator | None = None,
     ) -> None:
-        self.storage = storage if storage is not None else LazyTensorStorage(1000)
-        self.sampler = sampler if sampler is not None else RandomSampler()
-        if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
-            raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
-        if batch_size is not None and isinstance(self.sampler, SliceSampler):
-            self.sampler.shape_for(batch_size)  # raises if not divisible
-        if self.storage._owner is not None:
+        storage = storage if storage is not None else LazyTensorStorage(1000)
+        sampler = sampler if sampler is not None else RandomSampler()
+        if not isinstance(storage, Storage):
+            raise TypeError(f"storage must be a splice Storage, got {type(storage).__name__}")
+        if not isinstance(sampler, Sampler):
+            raise TypeError(f"sampler must be a splice Sampler, got {type(sampler).__name__}")
+        if batch_size is not None:
+            sampler.check_batch_size(batch_size)
+        if storage.owner is not None:
             raise ValueError("this storage already belongs to another replay buffer")
-        if self.sampler._index is not None:
+        if sampler.attached:
             raise ValueError("this sampler already belongs to another replay buffer")
-        self.storage._owner = self
+        if generator is not None:
+            if not isinstance(generator, torch.Generator):
+                raise TypeError(
+                    f"generator must be a torch.Generator, got {type(generator).__name__}"
+                )
+            sampler.generator = generator
+        self.storage = storage
+        self.sampler = sampler
         self.batch_size = batch_size
         self._lock = threading.RLock()
-        self._index = ReplayIndex(self.storage.max_size, row_key=self.storage.row_key)
+        self._index = ReplayIndex(storage.max_size, row_key=storage.row_key)
         self._bounds: Boundaries | None = None
-        recovered = self.storage.recovered()
+        self._kind: Kind | None = None
+        recovered = storage.recovered()
         if recovered is not None:
-            bounds = recovered.get("boundaries")
-            if bounds is not None:
-                self._bounds = Boundaries.from_json(bounds)  # type: ignore[arg-type]
-            self._index.rebuild(int(recovered["lo"]), int(recovered["write_count"]))  # type: ignore[call-overload]
-        self.sampler._attach(self._index, batch_size)
+            if recovered.boundaries is not None:
+                self._bounds = Boundaries.from_json(recovered.boundaries)
+            self._index.rebuild(recovered.lo, recovered.write_count)
+            self._kind = kind_of(recovered.kind)
+        storage.claim(self)
+        try:
+            sampler.attach(self._index, batch_size)
+        except BaseException:
+            storage.release(self)
+            raise
 
     def __repr__(self) -> str:
         return (
@@ -154,61 +198,101 @@ class ReplayBuffer:
         return self._index
 
     # ------------------------------------------------------------------ writing
-    def extend(self, data: TensorDictBase) -> Tensor:
-        """Append a batch of steps; returns the storage rows written (write order).
+    def extend(self, data: TensorDictBase | Tensor | Mapping[str, Any]) -> Tensor:
+        """Append a batch of steps.
+
+        Args:
+            data: a TensorDict (flat ``[N]``, ``[B, T]`` or padded ``[N, T]`` with a mask),
+                a tensor or a dict of tensors (flat along their first dim).
+
+        Returns:
+            For every input step (the input's batch shape), the storage row it was written
+            to, or -1 for padding (not stored). With more steps than the capacity, the first
+            ones share rows with the last (as in TorchRL: they were overwritten at once).
 
         Raises:
+            TypeError: ``data`` is not a TensorDict, tensor or dict, or not the kind of
+                container the buffer holds.
             LayoutError: the batch does not match the buffer's keys, dtypes or shapes, or has
                 no trajectory boundaries a slice sampler could use. The buffer is unchanged.
         """
-        ids_key = self.sampler.traj_key or TRAJ_IDS
-        batch = flatten_batch(data, ids_key, first=self.storage.schema is None)
+        td, kind = as_tensordict(data)
         with self._lock:
-            columns = batch.columns
-            schema = self.storage.schema
-            if schema is None:
-                schema = Schema.of(columns)
-            else:
-                schema.check(columns)
-            bounds = self._bounds or resolve_boundaries(
-                columns,
-                traj_key=self.sampler.traj_key,
-                end_key=self.sampler.end_key,
+            return self._extend(td, kind)
+
+    def _extend(self, td: TensorDictBase, kind: Kind) -> Tensor:
+        if self._kind is not None and kind is not self._kind:
+            raise TypeError(
+                f"this buffer holds {self._kind.value} data; got a {kind.value} "
+                f"({type(td).__name__ if kind is Kind.TENSORDICT else kind.value})"
+            )
+        first = self.storage.schema is None
+        bounds = self._bounds
+        if bounds is None:
+            bounds = resolve_boundaries(
+                td,
+                traj_key=_key(self.sampler.traj_key),
+                end_key=_key(self.sampler.end_key),
                 needs_trajectories=self.sampler.needs_trajectories,
             )
-            n = batch.n
-            if n == 0:
-                return torch.empty(0, dtype=torch.int64)
-            keys, open_keys, next_key = bounds.keys_for(batch)
-            if bounds.mode == "ids":
-                columns, keys = _group_trajectories(columns, keys)
-            capacity = self.storage.max_size
-            if n > capacity:
-                columns = {k: v[n - capacity :] for k, v in columns.items()}
-            columns = _on_device(columns, self.storage.device)
-            rows = self._index.rows_for_write(n)
-            # Everything is validated: from here on the write cannot fail half-way.
-            if self.storage.schema is None:
-                self.storage.allocate(schema)
-            self.storage.begin_write(rows)
-            self.storage.write(int(rows[0]), columns)
-            report = self._index.write(np.ascontiguousarray(keys, dtype=I64))
-            bounds.commit(open_keys, next_key)
-            self._bounds = bounds
-            self.sampler._on_write(report)
-            self.storage.commit(self._small_state())
-        return torch.from_numpy(rows)
+        batch = flatten_batch(td, bounds.ids_key, first=first)
+        columns = batch.columns
+        schema = Schema.of(columns) if first else self.storage.schema
+        assert schema is not None
+        if not first:
+            schema.check(columns)
+        n = batch.n
+        if n == 0:
+            return torch.full(batch.input_shape, -1, dtype=torch.int64)
+        keys, open_keys, next_key = bounds.keys_for(batch)
+        order = None
+        if bounds.mode == "ids":
+            order, keys = _trajectory_order(keys)
+            if order is not None:
+                columns = {k: take_rows(v, torch.from_numpy(order)) for k, v in columns.items()}
+        capacity = self.storage.max_size
+        written = columns
+        if n > capacity:
+            written = {k: v[n - capacity :] for k, v in columns.items()}
+        written = _on_device(written, self.storage.device)
+        rows = self._index.rows_for_write(n)
+        # Everything is validated: from here on the write cannot fail half-way.
+        if first:
+            self.storage.allocate(schema)
+            self._kind = kind
+        self.storage.begin_write(rows)
+        self.storage.write(int(rows[0]), written)
+        report = self._index.write(np.ascontiguousarray(keys, dtype=I64))
+        bounds.commit(open_keys, next_key)
+        self._bounds = bounds
+        self.sampler.on_write(report)
+        self.storage.commit(self._commit_state())
+        # The row of every input step: write order -> batch order -> input positions.
+        per_step = (self._index.write_count - n + np.arange(n, dtype=I64)) % capacity
+        if order is not None:
+            unsorted = np.empty_like(per_step)
+            unsorted[order] = per_step
+            per_step = unsorted
+        if batch.source is None:  # every input step was written
+            return torch.from_numpy(per_step).view(batch.input_shape)
+        rows_out = torch.full(batch.input_shape, -1, dtype=torch.int64)
+        rows_out.view(-1)[torch.from_numpy(batch.source)] = torch.from_numpy(per_step)
+        return rows_out
 
-    def add(self, data: TensorDictBase) -> int:
-        """Append a single step (a TensorDict with an empty batch size); returns its row."""
-        return int(self.extend(data.unsqueeze(0))[0])
+    def add(self, data: TensorDictBase | Tensor | Mapping[str, Any]) -> int:
+        """Append a single step (a TensorDict with an empty batch size, a tensor or a dict of
+        tensors without a batch dim); returns its row."""
+        td, kind = as_tensordict(data, single=True)
+        with self._lock:
+            return int(self._extend(td.unsqueeze(0), kind)[0])
 
-    def _small_state(self) -> dict[str, object]:
-        return {
-            "write_count": self._index.write_count,
-            "lo": self._index.lo,
-            "boundaries": None if self._bounds is None else self._bounds.to_json(),
-        }
+    def _commit_state(self) -> CommitState:
+        return CommitState(
+            self._index.write_count,
+            self._index.lo,
+            None if self._bounds is None else self._bounds.to_json(),
+            None if self._kind is None else self._kind.value,
+        )
 
     def empty(self) -> None:
         """Drop every stored step and reset ``write_count`` (allocations are kept)."""
@@ -216,17 +300,35 @@ class ReplayBuffer:
             self._index.reset()
             if self._bounds is not None:
                 self._bounds.reset()
-            self.sampler._attach(self._index, self.batch_size)
-            self.storage.commit(self._small_state())
+            self.sampler.attach(self._index, self.batch_size)
+            self.storage.commit(self._commit_state())
 
     # ------------------------------------------------------------------ sampling
+    @overload
+    def sample(
+        self,
+        batch_size: int | None = None,
+        *,
+        return_info: Literal[False] = False,
+        as_sequences: bool | None = None,
+    ) -> Any: ...
+
+    @overload
+    def sample(
+        self,
+        batch_size: int | None = None,
+        *,
+        return_info: Literal[True],
+        as_sequences: bool | None = None,
+    ) -> tuple[Any, dict[str, Any]]: ...
+
     def sample(
         self,
         batch_size: int | None = None,
         *,
         return_info: bool = False,
         as_sequences: bool | None = None,
-    ) -> TensorDict | tuple[TensorDict, dict[str, object]]:
+    ) -> Any:
         """Draw a batch.
 
         Args:
@@ -239,69 +341,254 @@ class ReplayBuffer:
             as_sequences: override the slice sampler's ``as_sequences`` (``[S, W]`` output).
 
         Returns:
-            The sample, or ``(sample, info)``.
+            The sample (a TensorDict; a tensor or dict for buffers of tensors or dicts), or
+            ``(sample, info)``.
+
+        Raises:
+            RuntimeError: no batch size (here or at construction), or nothing to draw from.
+            ValueError: a batch size the sampler cannot draw (e.g. not a multiple of the
+                slice length).
         """
         size = batch_size if batch_size is not None else self.batch_size
         if size is None:
-            raise ValueError("pass batch_size= here or to the ReplayBuffer")
-        is_slice = isinstance(self.sampler, SliceSampler)
+            raise RuntimeError(
+                "batch_size not specified: pass it to sample() or to the ReplayBuffer"
+            )
+        self.sampler.check_batch_size(size)
+        marks = self.sampler.marks
         shaped = (
-            bool(as_sequences)
-            if as_sequences is not None
-            else (
-                is_slice and self.sampler.as_sequences  # type: ignore[attr-defined]
-            )
+            bool(as_sequences) if as_sequences is not None else bool(marks and marks.as_sequences)
         )
-        if shaped and not is_slice:
-            raise ValueError(
-                f"as_sequences needs a slice sampler, not {type(self.sampler).__name__}"
-            )
-        pad = is_slice and self.sampler.pad_output  # type: ignore[attr-defined]
         with self._lock:
-            draw = self.sampler._draw(size)
-            plan = _output.plan(draw, shaped=shaped, pad=pad)
+            draw = self.sampler.draw(size)
+            if shaped and draw.rows.ndim != 2:
+                raise ValueError(
+                    f"as_sequences needs a slice sampler; {type(self.sampler).__name__} draws "
+                    "single steps"
+                )
+            plan = _output.plan(draw, shaped=shaped, pad=bool(marks and marks.pad_output))
             columns = self.storage.gather(torch.from_numpy(plan.rows))
-        data, info = _output.build(columns, draw, plan, self.sampler, shaped=shaped)
-        return (data, info) if return_info else data
+            kind = self._kind
+        data, info = _output.build(columns, draw, plan, marks, shaped=shaped)
+        out = data if kind is None else from_tensordict(data, kind)
+        return (out, info) if return_info else out
 
-    def __iter__(self) -> Iterator[TensorDict]:
+    def __iter__(self) -> Iterator[Any]:
         """Batches until the sampler runs out (samplers with replacement never do)."""
         if self.batch_size is None:
-            raise RuntimeError("iterating needs the buffer's batch_size")
+            raise RuntimeError(
+                "Cannot iterate over the replay buffer. Batch_size was not specified during "
+                "construction of the replay buffer"
+            )
         self.sampler.ran_out = False
         while not self.sampler.ran_out:
-            yield self.sample()  # type: ignore[misc]
-
-    def __getitem__(self, index: int | slice | Tensor) -> TensorDict:
-        """Stored steps by storage row (as TorchRL's ``rb[index]``)."""
-        with self._lock:
-            rows = torch.arange(self.storage.max_size)[index]
-            flat = rows.reshape(-1)
-            if (self._index.row_slot[flat.numpy()] < 0).any():
-                raise IndexError(f"row(s) {index} hold no stored step")
-            columns = self.storage.gather(flat)
-        shape = tuple(rows.shape)
-        out = {k: v.reshape(shape + tuple(v.shape[1:])) for k, v in columns.items()}
-        return _output.to_tensordict(out, shape)
+            yield self.sample()
 
     def update_priority(
-        self, index: Tensor | np.ndarray, priority: Tensor | np.ndarray | float
+        self,
+        index: Tensor | np.ndarray | Sequence[int] | int,
+        priority: Tensor | np.ndarray | Sequence[float] | float,
     ) -> None:
-        """Set priorities of sampled steps (prioritised samplers; ignored by the others).
+        """Set priorities of stored steps (prioritised samplers; ignored by the others).
 
-        ``index`` are storage rows (``sample["index"]`` or ``info["index"]``), ``priority``
-        has the same shape or broadcasts to it.
+        ``index`` are storage rows (``sample["index"]``, ``info["index"]`` or what
+        ``extend`` returned; -1 is ignored), ``priority`` has the same shape or broadcasts
+        to it.
         """
-        idx = index.detach().cpu().numpy() if isinstance(index, Tensor) else np.asarray(index)
-        prio = (
-            priority.detach().cpu().double().numpy()
-            if isinstance(priority, Tensor)
-            else np.asarray(priority, dtype=np.float64)
-        )
+        idx = _as_numpy(index, np.int64)
+        prio = _as_numpy(priority, np.float64)
         with self._lock:
             self.sampler.update_priority(idx, prio)
 
+    # ------------------------------------------------------------------ stored data
+    def _rows(self, index: Index) -> Tensor:
+        """Storage rows addressed like TorchRL's ``rb[index]``: positions in the written
+        part of the storage (all rows once the ring has been filled)."""
+        extent = min(self._index.write_count, self.storage.max_size)
+        if isinstance(index, np.ndarray):
+            index = torch.from_numpy(index)
+        elif isinstance(index, list | tuple):
+            index = torch.as_tensor(index)
+        try:
+            rows = torch.arange(extent)[index]
+        except IndexError as err:
+            raise IndexError(f"index {index!r} is out of range for {extent} rows") from err
+        if (self._index.row_slot[rows.reshape(-1).numpy()] < 0).any():
+            raise IndexError(f"row(s) {index!r} hold no stored step")
+        return rows
+
+    def __getitem__(self, index: Index | NestedKey) -> Any:
+        """Stored steps by storage row (``rb[3]``, ``rb[2:]``, ``rb[rows]``), or one key of
+        every stored step (``rb["observation"]``), as TorchRL's ``rb[index]``.
+
+        Raises:
+            IndexError: a row out of range or holding no step.
+            KeyError: a key the buffer does not store.
+        """
+        if isinstance(index, str):
+            return self[:][index]
+        if isinstance(index, tuple):
+            if _is_key(index):
+                return self[:][index]
+            index = list(index)
+        with self._lock:
+            rows = self._rows(index)
+            columns = self.storage.gather(rows.reshape(-1))
+            kind = self._kind
+        shape = tuple(rows.shape)
+        out = {k: v.reshape(shape + tuple(v.shape[1:])) for k, v in columns.items()}
+        td = _output.to_tensordict(out, shape)
+        return td if kind is None else from_tensordict(td, kind)
+
+    def __setitem__(self, index: Index | NestedKey, value: Any) -> None:
+        """Overwrite stored steps in place: ``rb[rows] = data`` (data shaped like the rows,
+        with some or all of the stored keys), or ``rb["key"] = values`` for every row.
+
+        Raises:
+            IndexError: a row out of range or holding no step.
+            LayoutError: unknown keys, wrong dtypes or shapes, or a change of the trajectory
+                ids or end flags (boundaries cannot change in place). Nothing is written.
+        """
+        if isinstance(index, str):
+            self.set_(index, value)
+            return
+        if isinstance(index, tuple):
+            if _is_key(index):
+                self.set_(index, value)
+                return
+            index = list(index)
+        td, kind = as_tensordict(value, single=True)
+        with self._lock:
+            self._check_kind(kind)
+            rows = self._rows(index)
+            self._write_rows(rows.reshape(-1), _expand(td, rows.shape).reshape(-1))
+
+    def set_at_(self, key: NestedKey, value: Tensor, index: Index) -> ReplayBuffer:
+        """Write ``value`` to ``key`` at storage rows ``index`` (TorchRL's ``set_at_``);
+        ``value`` is shaped like the rows (plus the key's per-step shape) or broadcasts."""
+        with self._lock:
+            rows = self._rows(index)
+            td = TensorDict({key: torch.as_tensor(value)}, batch_size=[])
+            self._write_rows(rows.reshape(-1), _expand(td, rows.shape, key).reshape(-1))
+        return self
+
+    def set_(self, key: NestedKey, value: Tensor) -> ReplayBuffer:
+        """Write ``value`` (one entry per stored row, in storage order) to ``key``."""
+        return self.set_at_(key, value, slice(None))
+
+    def update_(
+        self,
+        data: TensorDictBase | Mapping[str, Any],
+        *,
+        keys_to_update: Sequence[NestedKey] | None = None,
+    ) -> ReplayBuffer:
+        """Write every key of ``data`` (batch shape: one entry per stored row, in storage
+        order) in place; with ``keys_to_update``, only those keys."""
+        td, _ = as_tensordict(data)
+        if keys_to_update is not None:
+            td = td.select(*keys_to_update)
+        with self._lock:
+            rows = self._rows(slice(None))
+            self._write_rows(rows, _expand(td, rows.shape).reshape(-1))
+        return self
+
+    def _check_kind(self, kind: Kind) -> None:
+        if self._kind is not None and kind is not self._kind:
+            raise TypeError(f"this buffer holds {self._kind.value} data; got a {kind.value}")
+
+    def _write_rows(self, rows: Tensor, td: TensorDictBase) -> None:
+        """Validate, then write ``td`` (``[len(rows)]``, a subset of the keys) at ``rows``."""
+        schema = self.storage.schema
+        if schema is None:
+            raise IndexError("the buffer holds no data to overwrite")
+        if td.batch_size != rows.shape:
+            raise LayoutError(
+                f"in-place write: {rows.numel()} rows addressed, data has batch shape "
+                f"{list(td.batch_size)}"
+            )
+        columns: Columns = {}
+        for key, value in td.items(include_nested=True, leaves_only=True):
+            columns[as_key_tuple(key)] = value
+        schema.check(columns, subset=True)
+        for key in self._boundary_keys():
+            if key in columns:
+                stored = self.storage.gather(rows)[key]
+                if not torch.equal(stored, columns[key].to(stored.device)):
+                    raise LayoutError(
+                        f"key {fmt_key(key)} delimits trajectories: it cannot change in place "
+                        "(extend with the new data instead)"
+                    )
+        self.storage.set_rows(rows, columns)
+
+    def _boundary_keys(self) -> list[Key]:
+        if self._bounds is None or self._bounds.key is None:
+            return []
+        keys = [self._bounds.key]
+        if self._bounds.mode == "flags":
+            keys.append(CUT)
+        return keys
+
     # ------------------------------------------------------------------ persistence
+    def _snapshot(self) -> Snapshot:
+        schema = self.storage.schema
+        return Snapshot(
+            capacity=self.storage.max_size,
+            schema=schema,
+            columns=[] if schema is None else [self.storage.columns[k] for k in schema.entries],
+            boundaries=self._bounds,
+            index=self._index.state(),
+            sampler_config=self.sampler.config(),
+            sampler=self.sampler.state(),
+            batch_size=self.batch_size,
+            kind=None if self._kind is None else self._kind.value,
+        )
+
+    def _install(self, snap: Snapshot, where: str) -> None:
+        """Validate ``snap`` against this buffer, then make it this buffer's state."""
+        if snap.capacity != self.storage.max_size:
+            raise ValueError(
+                f"{where} holds a buffer of {snap.capacity} steps; this storage has "
+                f"{self.storage.max_size}"
+            )
+        if snap.sampler_config != self.sampler.config():
+            raise ValueError(
+                f"{where} was saved with sampler {snap.sampler_config}, not {self.sampler.config()}"
+            )
+        check_arrays(snap)
+        if snap.schema is not None and self.storage.schema not in (None, snap.schema):
+            raise LayoutError(f"{where} stores other keys than this buffer")
+        with self._lock:
+            if snap.schema is not None:
+                if self.storage.schema is None:
+                    self.storage.allocate(snap.schema)
+                for key, column in zip(snap.schema.entries, snap.columns, strict=True):
+                    self.storage.columns[key].copy_(column)
+            self._index.restore(snap.index)
+            self._bounds = snap.boundaries
+            self.sampler.attach(self._index, self.batch_size)
+            self.sampler.restore(snap.sampler)
+            self._kind = kind_of(snap.kind)
+            self.storage.commit(self._commit_state())
+
+    def state_dict(self) -> dict[str, Any]:
+        """The whole buffer — data, index, sampler state — as tensors, numbers and strings.
+
+        No pickle is needed for anything: ``torch.save(rb.state_dict(), f)`` loads back with
+        ``torch.load(f, weights_only=True)``. Tensors are copies.
+        """
+        with self._lock:
+            return to_state_dict(self._snapshot())
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Restore :meth:`state_dict` into this buffer (same storage size and sampler
+        settings); it then samples exactly as the saved buffer would have.
+
+        Raises:
+            ValueError: not a replay buffer state, or a different size or sampler. The
+                buffer is unchanged.
+        """
+        self._install(from_state_dict(state_dict, self.sampler.state_type), "the state dict")
+
     def dumps(self, path: str | Path) -> None:
         """Save the whole buffer — data, cursor, index, sampler state — under ``path``.
 
@@ -309,73 +596,63 @@ class ReplayBuffer:
         ``buffer.json`` is written last, atomically. A buffer built with the same storage size
         and sampler settings and restored with :meth:`loads` samples exactly as this one.
         """
-        root = Path(path)
         with self._lock:
-            (root / "storage").mkdir(parents=True, exist_ok=True)
-            schema = self.storage.schema
-            if schema is not None:
-                for i, key in enumerate(schema.entries):
-                    tensor_to_file(self.storage.columns[key], root / "storage" / f"col_{i:03d}.bin")
-            doc = {
-                "format": _FORMAT,
-                "capacity": self.storage.max_size,
-                "schema": None if schema is None else schema.to_json(),
-                "boundaries": None if self._bounds is None else self._bounds.to_json(),
-                "index": save_arrays(root / "index", self._index.state_dict()),  # type: ignore[arg-type]
-                "sampler_config": self.sampler.config(),
-                "sampler": save_arrays(root / "sampler", self.sampler.state_dict()),  # type: ignore[arg-type]
-            }
-            write_json_atomic(root / "buffer.json", doc)
+            write_dir(self._snapshot(), Path(path))
 
     def loads(self, path: str | Path) -> None:
         """Restore a buffer saved with :meth:`dumps` into this (same-sized, same-sampler) one."""
         root = Path(path)
-        doc = read_json(root / "buffer.json")
-        if doc.get("format") != _FORMAT:
-            raise ValueError(f"{root}: not a saved splice replay buffer")
-        if doc["capacity"] != self.storage.max_size:
-            raise ValueError(
-                f"{root} holds a buffer of {doc['capacity']} steps; this storage has "
-                f"{self.storage.max_size}"
-            )
-        if doc["sampler_config"] != self.sampler.config():
-            raise ValueError(
-                f"{root} was saved with sampler {doc['sampler_config']}, not "
-                f"{self.sampler.config()}"
-            )
-        schema = None if doc["schema"] is None else Schema.from_json(doc["schema"])  # type: ignore[arg-type]
-        with self._lock:
-            if schema is not None:
-                if self.storage.schema is None:
-                    self.storage.allocate(schema)
-                elif self.storage.schema != schema:
-                    raise LayoutError(f"{root} stores other keys than this buffer")
-                for i, (key, (dtype, shape)) in enumerate(schema.entries.items()):
-                    data = tensor_from_file(
-                        root / "storage" / f"col_{i:03d}.bin",
-                        dtype,
-                        (self.storage.max_size, *shape),
-                    )
-                    self.storage.columns[key].copy_(data)
-            bounds = doc["boundaries"]
-            self._bounds = None if bounds is None else Boundaries.from_json(bounds)  # type: ignore[arg-type]
-            self._index.load_state_dict(load_arrays(root / "index", doc["index"]))  # type: ignore[arg-type]
-            self.sampler._attach(self._index, self.batch_size)
-            self.sampler.load_state_dict(load_arrays(root / "sampler", doc["sampler"]))  # type: ignore[arg-type]
-            self.storage.commit(self._small_state())
+        self._install(read_dir(root, self.sampler.state_type), str(root))
 
 
-def _group_trajectories(columns: Columns, keys: np.ndarray) -> tuple[Columns, np.ndarray]:
-    """Reorder a batch whose trajectories interleave (a trajectory in several runs) so that
-    each trajectory's steps are consecutive, in order of first appearance, time order kept."""
+def _key(key: NestedKey | None) -> Key | None:
+    return None if key is None else as_key_tuple(key)
+
+
+def _is_key(index: tuple[Any, ...]) -> bool:
+    return len(index) > 0 and all(isinstance(p, str | tuple) for p in index)
+
+
+def _expand(td: TensorDictBase, shape: torch.Size, key: NestedKey | None = None) -> TensorDictBase:
+    """``td`` with batch shape ``shape`` (expanded from a single step, or with its leading
+    dims reinterpreted as the batch when ``key``'s tensor already has them).
+
+    Raises:
+        LayoutError: the shapes do not fit.
+    """
+    if tuple(td.batch_size) == tuple(shape):
+        return td
+    if key is not None:
+        value = td.get(key)
+        if tuple(value.shape[: len(shape)]) == tuple(shape):
+            return TensorDict({key: value}, batch_size=shape)
+    try:
+        return td.expand(shape)
+    except RuntimeError as err:
+        raise LayoutError(
+            f"in-place write: data of batch shape {list(td.batch_size)} does not fit "
+            f"{list(shape)} rows: {err}"
+        ) from err
+
+
+def _as_numpy(x: object, dtype: type[np.generic]) -> np.ndarray:
+    if isinstance(x, Tensor):
+        return x.detach().cpu().numpy().astype(dtype, copy=False)
+    return np.asarray(x, dtype=dtype)
+
+
+def _trajectory_order(keys: np.ndarray) -> tuple[np.ndarray | None, np.ndarray]:
+    """For a batch whose trajectories interleave (a trajectory in several runs): the order
+    that makes each trajectory's steps consecutive (first appearance, time order kept), and
+    the keys in that order. ``(None, keys)`` when no reordering is needed."""
     change = np.flatnonzero(keys[1:] != keys[:-1])
     if change.size == 0:
-        return columns, keys
+        return None, keys
     run_keys = np.sort(keys[np.concatenate([[0], change + 1])])
     if not (run_keys[1:] == run_keys[:-1]).any():
-        return columns, keys
-    order = index_by_id(torch.from_numpy(np.ascontiguousarray(keys))).cat_order()
-    return {k: take_rows(v, order) for k, v in columns.items()}, keys[order.numpy()]
+        return None, keys
+    order = index_by_id(torch.from_numpy(np.ascontiguousarray(keys))).cat_order().numpy()
+    return order, keys[order]
 
 
 def _on_device(columns: Columns, device: torch.device) -> Columns:

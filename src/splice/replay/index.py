@@ -43,9 +43,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from splice.replay._structures import EMPTY, I64, KeyMap, Pool, State
+from splice.replay._structures import EMPTY, I64, KeyMap, KeyMapState, Pool, PoolState
 
-__all__ = ["ReplayIndex", "WriteReport"]
+__all__ = ["IndexState", "ReplayIndex", "WriteReport"]
 
 _TRAJ_FIELDS = ("key", "first", "last", "first_row", "last_row", "last_seg", "gen")
 _SEG_FIELDS = ("lo", "hi", "back", "fwd")
@@ -70,6 +70,21 @@ class WriteReport:
     freed_slots: np.ndarray
     new_rows: np.ndarray
     touched_slots: np.ndarray
+
+
+@dataclass
+class IndexState:
+    """Everything :class:`ReplayIndex` holds (see :meth:`ReplayIndex.state`)."""
+
+    row_slot: np.ndarray
+    row_step: np.ndarray
+    row_seg: np.ndarray
+    row_key: np.ndarray
+    write_count: int
+    lo: int
+    traj: PoolState
+    seg: PoolState
+    keys: KeyMapState
 
 
 class ReplayIndex:
@@ -435,27 +450,36 @@ class ReplayIndex:
         keys = self.row_key[self._ring(lo, write_count - lo)].copy()
         self.write(keys)
 
-    def state_dict(self) -> State:
-        out: State = {
-            "row_slot": self.row_slot,
-            "row_step": self.row_step,
-            "row_seg": self.row_seg,
-            "row_key": np.asarray(self.row_key),
-            "write_count": self.write_count,
-            "lo": self.lo,
-        }
-        out.update(self.traj.state_dict("traj_"))
-        out.update(self.seg.state_dict("seg_"))
-        out.update(self.keys.state_dict("keys_"))
-        return out
+    def state(self) -> IndexState:
+        """The index's state (arrays not copied: save or copy them before the next write)."""
+        return IndexState(
+            row_slot=self.row_slot,
+            row_step=self.row_step,
+            row_seg=self.row_seg,
+            row_key=np.asarray(self.row_key),
+            write_count=self.write_count,
+            lo=self.lo,
+            traj=self.traj.state(),
+            seg=self.seg.state(),
+            keys=self.keys.state(),
+        )
 
-    def load_state_dict(self, state: State) -> None:
-        self.row_slot = np.array(state["row_slot"], dtype=I64)
-        self.row_step = np.array(state["row_step"], dtype=I64)
-        self.row_seg = np.array(state["row_seg"], dtype=I64)
-        self.row_key[:] = np.asarray(state["row_key"], dtype=I64)
-        self.write_count = int(state["write_count"])  # type: ignore[arg-type]
-        self.lo = int(state["lo"])  # type: ignore[arg-type]
-        self.traj.load_state_dict(state, "traj_")
-        self.seg.load_state_dict(state, "seg_")
-        self.keys.load_state_dict(state, "keys_")
+    def restore(self, state: IndexState) -> None:
+        """Load a state taken from an index of the same capacity.
+
+        Raises:
+            ValueError: the arrays do not have this index's capacity.
+        """
+        for name in ("row_slot", "row_step", "row_seg", "row_key"):
+            size = getattr(state, name).size
+            if size != self.capacity:
+                raise ValueError(f"saved index has {size} rows in {name}, not {self.capacity}")
+        self.row_slot = np.array(state.row_slot, dtype=I64)
+        self.row_step = np.array(state.row_step, dtype=I64)
+        self.row_seg = np.array(state.row_seg, dtype=I64)
+        self.row_key[:] = np.asarray(state.row_key, dtype=I64)
+        self.write_count = state.write_count
+        self.lo = state.lo
+        self.traj.restore(state.traj)
+        self.seg.restore(state.seg)
+        self.keys.restore(state.keys)

@@ -178,6 +178,8 @@ def ids_from_done(done: Tensor, batch_shape: torch.Size) -> Tensor:
         >>> ids_from_done(done, torch.Size([2, 3])).tolist()
         [[0, 0, 1], [2, 3, 3]]
     """
+    if batch_shape.numel() == 0:  # a [B, 0] batch: no steps, no trajectories
+        return torch.zeros(batch_shape, dtype=torch.int64, device=done.device)
     flags = done.reshape(*batch_shape, -1).any(-1)
     starts = torch.zeros_like(flags)
     starts[..., 0] = True

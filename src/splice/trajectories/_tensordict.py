@@ -9,9 +9,7 @@ from tensordict import TensorDict, TensorDictBase
 from tensordict.utils import NestedKey
 from torch import Tensor
 
-from splice.layout import as_key_tuple, tensor_leaves
-
-Key = tuple[str, ...]
+from splice.layout import Key, as_key_tuple, tensor_leaves
 
 
 def leaves(td: TensorDictBase) -> Iterator[tuple[Key, Tensor]]:
@@ -30,14 +28,6 @@ def map_leaves(
         batch_size=batch_size,
         device=td.device,
     )
-
-
-def flatten_batch(td: TensorDictBase) -> TensorDictBase:
-    """``[..., T]`` -> ``[N]``, env-major (row by row); views where the layout allows."""
-    if td.ndim == 1:
-        return td
-    n, ndim = td.numel(), td.ndim
-    return map_leaves(td, lambda _, x: x.reshape(n, *x.shape[ndim:]), [n])
 
 
 def replace_last(key: NestedKey, last: str) -> Key:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -11,15 +11,25 @@ from tensordict.utils import NestedKey
 from torch import Tensor
 
 from splice._gather import take_rows
-from splice.layout import CUT, DONE, MASK, TRAJ_IDS, LayoutError, as_key_tuple
-from splice.trajectories._index import TrajectoryIndex, index_by_id, index_by_row
-from splice.trajectories._tensordict import Key, leaves, replace_last
+from splice.contract import Steps, flatten_steps
+from splice.layout import (
+    CUT,
+    DONE,
+    MASK,
+    TRAJ_FORMATS,
+    TRAJ_IDS,
+    Key,
+    LayoutError,
+    TrajFormat,
+    as_key_tuple,
+    fmt_key,
+)
+from splice.trajectories._id_set import IdSet
+from splice.trajectories._index import index_by_id, index_by_row
+from splice.trajectories._tensordict import replace_last
 from splice.trajectories.split import to_padded
 
-__all__ = ["TrajFormat", "TrajectoryAssembler"]
-
-TrajFormat = Literal["padded", "cat"]
-_FORMATS = ("padded", "cat")
+__all__ = ["Drained", "TrajectoryAssembler"]
 
 
 class TrajectoryAssembler:
@@ -92,7 +102,8 @@ class TrajectoryAssembler:
 
     # ------------------------------------------------------------------ state
     def reset(self) -> None:
-        """Drop everything buffered: complete and in-flight episodes and the key schema."""
+        """Drop everything buffered: complete and in-flight episodes, the key schema and the
+        record of completed ids."""
         self._pool: dict[Key, Tensor] | None = None  # one column per key, rows = steps
         self._device: torch.device | None = None
         self._schema: dict[Key, tuple[torch.dtype, torch.Size]] | None = None
@@ -101,6 +112,7 @@ class TrajectoryAssembler:
         self._size = 0  # pool rows in use, alive or dead
         self._n_dead = 0
         self._complete = torch.empty(0, dtype=torch.int64)  # ids, in completion order
+        self._completed = IdSet()  # every id completed so far (emitted or not)
 
     def __len__(self) -> int:
         """The number of complete episodes ready to :meth:`emit`."""
@@ -143,87 +155,120 @@ class TrajectoryAssembler:
     def ingest(self, batch: TensorDictBase) -> int:
         """Add a collector batch (``[T]`` or ``[B, T]``, time last).
 
-        Steps with a negative id, or whose mask (if the batch has one) is False, are padding
-        and are ignored. The batch is validated before anything is stored: on error the
-        assembler is left exactly as it was.
+        Steps with id ``-1``, or whose mask (if the batch has one) is False, are padding and
+        are ignored. Ids are never reused: a step for an id that already completed (in an
+        earlier batch, or earlier in this one) is refused, so is ingesting a batch twice. The
+        batch is validated before anything is stored: on error the assembler is left exactly as
+        it was.
 
         Returns:
             The number of episodes this batch completed.
 
         Raises:
-            LayoutError: no ids, no done flags, wrong shapes or dtypes, or keys that differ
-                from the batches ingested before.
+            TypeError: ``batch`` is not a TensorDict.
+            LayoutError: no ids, no done flags, wrong shapes or dtypes, ids below ``-1``, steps
+                for an id that already completed, or keys that differ from the batches
+                ingested before.
         """
-        ids, ends, cut = self._read_batch(batch)
-        n_env, n_time = (1, batch.shape[0]) if batch.ndim == 1 else batch.shape
-        n = n_env * n_time
-        columns = {
-            key: x.reshape(n, *x.shape[batch.ndim :])
-            for key, x in leaves(batch)
-            if key not in (self.mask_key, self.cut_key)
-        }
-        valid = ids >= 0
-        mask = batch.get(self.mask_key, None)
-        if mask is not None:
-            valid &= mask.reshape(-1).to(torch.bool)
+        ids, ends, cut, steps = self._read_batch(batch)
+        n_env, n_time = steps.n_envs, steps.steps_per_env
+        columns = {key: x for key, x in steps.columns.items() if key != self.cut_key}
         # Completion order: by time step, then env row (flat index is env-major).
         flat_pos = torch.arange(ids.numel())
         completion_key = (flat_pos % n_time) * n_env + flat_pos // n_time
-        ends &= valid
+        if steps.real is not None:
+            ends &= steps.real
         done_ids = ids[ends][torch.argsort(completion_key[ends])]
-        if not bool(valid.all()):
-            keep = valid.nonzero().squeeze(1)
+        if steps.real is not None:
+            keep = steps.real.nonzero().squeeze(1)
             columns = {key: take_rows(x, keep) for key, x in columns.items()}
-            ids, cut = ids[keep], cut[keep]
+            ids, cut, ends = ids[keep], cut[keep], ends[keep]
+        self._refuse_completed_ids(ids, ends)
         self._check_schema(columns)
         if self._device is None:
             self._device = batch.device
+        if ids.numel() == 0:  # no real steps ([B, 0], all padding): nothing to store
+            return 0
         self._append(columns, ids, cut)
         self._complete = torch.cat([self._complete, done_ids])
+        self._completed.add(done_ids.numpy())
         return done_ids.numel()
 
-    def _read_batch(self, batch: TensorDictBase) -> tuple[Tensor, Tensor, Tensor]:
+    def _refuse_completed_ids(self, ids: Tensor, ends: Tensor) -> None:
+        """Refuse steps for an id that completed before (in an earlier batch, or at an earlier
+        step of this one). ``ids``/``ends``: the real steps, flat (env-major)."""
+        if ids.numel() == 0:
+            return
+        # numpy, not torch: each torch call costs microseconds even on a few hundred ids.
+        v, e = ids.numpy(), ends.numpy()
+        same_as_next = v[1:] == v[:-1]
+        after_end = e[:-1] & same_as_next  # the step after an end has the same id
+        if after_end.any():
+            self._raise_after_end(v[:-1][after_end])
+        # One entry per run of equal ids: a collector batch has one run per env row and episode.
+        run_first = np.flatnonzero(np.concatenate([[True], ~same_as_next]))
+        run_ids = v[run_first]
+        if self._completed.intersects(run_ids):
+            seen = self._completed.contains(run_ids)
+            raise LayoutError(
+                f"key {fmt_key(self.trajectory_key)}: steps for trajectory id(s) "
+                f"{_preview(np.unique(run_ids[seen]))} that already completed in an earlier "
+                "batch (ids are never reused; was a batch ingested twice?)"
+            )
+        if len(set(run_ids.tolist())) == run_ids.size:
+            return  # every id is one run: checked above
+        # An id in several runs (ids repeating non-adjacently): no run may follow its end.
+        end_pos = np.flatnonzero(e)
+        end_ids = v[end_pos]
+        unique_end_ids, end_count = np.unique(end_ids, return_counts=True)
+        if (end_count > 1).any():
+            self._raise_after_end(unique_end_ids[end_count > 1])
+        rank = _rank_in(torch.from_numpy(run_ids), torch.from_numpy(end_ids)).numpy()
+        ends_here = rank >= 0
+        late = run_first[ends_here] > end_pos[rank[ends_here]]
+        if late.any():
+            self._raise_after_end(run_ids[ends_here][late])
+
+    def _raise_after_end(self, ids: np.ndarray) -> None:
+        raise LayoutError(
+            f"key {fmt_key(self.trajectory_key)}: trajectory id(s) {_preview(np.unique(ids))} have "
+            "steps after the step that ends them (ids are never reused)"
+        )
+
+    def _read_batch(self, batch: TensorDictBase) -> tuple[Tensor, Tensor, Tensor, Steps]:
+        """Ids, end flags (episode ends that are not cuts) and cut flags, all ``[N]``."""
+        if not isinstance(batch, TensorDictBase):
+            raise TypeError(f"ingest expects a TensorDict, got {type(batch).__name__}")
         if batch.ndim not in (1, 2):
             raise LayoutError(
                 f"ingest expects a [T] or [B, T] batch, got batch shape {list(batch.batch_size)}"
             )
-        ids = batch.get(self.trajectory_key, None)
-        if ids is None:
-            raise LayoutError(f"missing key {self.trajectory_key!r}: trajectory ids are required")
-        if ids.dtype.is_floating_point or ids.dtype == torch.bool or ids.shape != batch.shape:
+        steps = flatten_steps(
+            batch,
+            ids_key=self.trajectory_key,
+            mask_key=self.mask_key,
+            context="a TrajectoryAssembler batch",
+        )
+        if steps.ids is None:
             raise LayoutError(
-                f"key {self.trajectory_key!r}: expected integer ids of shape "
-                f"{list(batch.batch_size)}, got dtype {ids.dtype} and shape {list(ids.shape)}"
+                f"missing key {fmt_key(self.trajectory_key)}: trajectory ids are required"
             )
-        ends = torch.zeros(batch.shape, dtype=torch.bool)
+        ends = torch.zeros(steps.n, dtype=torch.bool)
         found = False
         for key in (self.done_key, self.terminated_key, self.truncated_key):
-            flag = batch.get(key, None)
-            if flag is None:
-                continue
-            found = True
-            ends |= self._per_step(flag, key, batch)
+            flag = steps.flag(key)
+            if flag is not None:
+                found = True
+                ends |= flag
         if not found:
             raise LayoutError(
-                f"missing key {self.done_key!r}: an end-of-episode flag (done, terminated or "
-                "truncated) is required"
+                f"missing key {fmt_key(self.done_key)}: an end-of-episode flag (done, "
+                "terminated or truncated) is required"
             )
-        cut_flag = batch.get(self.cut_key, None)
-        cut = (
-            torch.zeros(batch.shape, dtype=torch.bool)
-            if cut_flag is None
-            else self._per_step(cut_flag, self.cut_key, batch)
-        )
-        return ids.reshape(-1).to(torch.int64), (ends & ~cut).reshape(-1), cut.reshape(-1)
-
-    @staticmethod
-    def _per_step(flag: Tensor, key: Key, batch: TensorDictBase) -> Tensor:
-        if flag.dtype != torch.bool or tuple(flag.shape[: batch.ndim]) != tuple(batch.shape):
-            raise LayoutError(
-                f"key {key!r}: expected a bool flag of shape {list(batch.batch_size)} or "
-                f"{[*batch.batch_size, 1]}, got dtype {flag.dtype} and shape {list(flag.shape)}"
-            )
-        return flag.reshape(*batch.shape, -1).any(-1)
+        cut = steps.flag(self.cut_key)
+        if cut is None:
+            cut = torch.zeros(steps.n, dtype=torch.bool)
+        return steps.ids, ends & ~cut, cut, steps
 
     def _check_schema(self, columns: dict[Key, Tensor]) -> None:
         schema = {key: (x.dtype, x.shape[1:]) for key, x in columns.items()}
@@ -236,13 +281,15 @@ class TrajectoryAssembler:
         extra = sorted(set(schema) - set(self._schema))
         if missing or extra:
             raise LayoutError(
-                f"batch keys differ from earlier batches: missing {missing}, unexpected {extra}"
+                "batch keys differ from earlier batches: missing "
+                f"[{', '.join(map(fmt_key, missing))}], unexpected "
+                f"[{', '.join(map(fmt_key, extra))}]"
             )
         for key, (dtype, feature) in schema.items():
             want_dtype, want_feature = self._schema[key]
             if (dtype, feature) != (want_dtype, want_feature):
                 raise LayoutError(
-                    f"key {key!r}: expected dtype {want_dtype} and per-step shape "
+                    f"key {fmt_key(key)}: expected dtype {want_dtype} and per-step shape "
                     f"{list(want_feature)} as in earlier batches, got dtype {dtype} and "
                     f"per-step shape {list(feature)}"
                 )
@@ -324,8 +371,7 @@ class TrajectoryAssembler:
             )
         chosen, self._complete = self._complete[:n], self._complete[n:]
         row_of_step = _rank_in(self._ids[: self._size], chosen)
-        steps = (self._alive[: self._size] & (row_of_step >= 0)).nonzero().squeeze(1)
-        return self._take(steps, index_by_row(row_of_step[steps], n), traj_format, mark_cut=False)
+        return self._remove(row_of_step, n, traj_format, cut_from=n)
 
     def flush(self, traj_format: TrajFormat = "padded") -> TensorDict | None:
         """Remove and return the episodes still in flight, or None if there are none.
@@ -335,37 +381,109 @@ class TrajectoryAssembler:
         environment. Complete episodes stay buffered for :meth:`emit`.
         """
         _check_format(traj_format)
+        row_of_step, n_rows = self._in_flight_rows(first_row=0)
+        if n_rows == 0:
+            return None
+        return self._remove(row_of_step, n_rows, traj_format, cut_from=0)
+
+    def drain(
+        self, traj_format: TrajFormat = "padded", *, drop_incomplete: bool = False
+    ) -> Drained:
+        """End of a run: remove everything, in one batch: the complete episodes (in completion
+        order) then, unless ``drop_incomplete``, the in-flight ones marked cut (as
+        :meth:`flush`). Dropped episodes and their steps are counted in the result.
+
+        Examples:
+            >>> import torch
+            >>> from tensordict import TensorDict
+            >>> asm = TrajectoryAssembler()
+            >>> _ = asm.ingest(TensorDict({
+            ...     ("collector", "traj_ids"): torch.tensor([4, 4, 5]),
+            ...     ("next", "done"): torch.tensor([[False], [True], [False]]),
+            ... }, [3]))
+            >>> drained = asm.drain("cat")
+            >>> drained.batch["collector", "traj_ids"], drained.batch["collector", "cut"]
+            (tensor([4, 4, 5]), tensor([False, False,  True]))
+            >>> asm.drain().batch is None  # nothing left
+            True
+        """
+        _check_format(traj_format)
+        n_complete = len(self)
+        row_of_step = _rank_in(self._ids[: self._size], self._complete)
+        flight_rows, n_flight = self._in_flight_rows(first_row=n_complete)
+        dropped_trajs = dropped_frames = 0
+        if drop_incomplete:
+            dropped = flight_rows >= 0
+            dropped_trajs, dropped_frames = n_flight, int(dropped.sum())
+            self._alive[: self._size] &= ~dropped
+            self._n_dead += dropped_frames
+            n_flight = 0
+        else:
+            row_of_step = torch.maximum(row_of_step, flight_rows)
+        self._complete = self._complete[:0]
+        n_rows = n_complete + n_flight
+        batch = (
+            self._remove(row_of_step, n_rows, traj_format, cut_from=n_complete) if n_rows else None
+        )
+        return Drained(batch, dropped_trajs, dropped_frames)
+
+    def _in_flight_rows(self, first_row: int) -> tuple[Tensor, int]:
+        """Per pool row: ``first_row + k`` for a step of the ``k``-th episode in flight (in order
+        of first step), else -1; and the number of episodes in flight."""
+        rows = torch.full((self._size,), -1, dtype=torch.int64)
         steps = self._in_flight_mask().nonzero().squeeze(1)
         if steps.numel() == 0:
-            return None
-        return self._take(steps, index_by_id(self._ids[steps]), traj_format, mark_cut=True)
+            return rows, 0
+        index = index_by_id(self._ids[steps])
+        rows[steps] = index.row + first_row
+        return rows, index.n_rows
 
-    def _take(
-        self, steps: Tensor, index: TrajectoryIndex, traj_format: TrajFormat, *, mark_cut: bool
+    def _remove(
+        self, row_of_step: Tensor, n_rows: int, traj_format: TrajFormat, *, cut_from: int
     ) -> TensorDict:
-        assert self._pool is not None or steps.numel() == 0
+        """Take the live steps with ``row_of_step >= 0`` out of the pool, as ``n_rows`` rows;
+        rows ``>= cut_from`` get the cut mark on their last step."""
+        steps = (self._alive[: self._size] & (row_of_step >= 0)).nonzero().squeeze(1)
+        index = index_by_row(row_of_step[steps], n_rows)
         if self._pool is None:
             return TensorDict({}, batch_size=[0, 0] if traj_format == "padded" else [0])
         if traj_format == "cat":
             steps = steps[index.cat_order()]  # trajectory after trajectory
-        flat = TensorDict(
-            {key: take_rows(x, steps) for key, x in self._pool.items()},
-            batch_size=[steps.numel()],
-            device=self._device,
-        )
-        if mark_cut:
+        flat = {key: take_rows(x, steps) for key, x in self._pool.items()}
+        if cut_from < n_rows:
             if traj_format == "cat":
-                last = index.offsets()[1:] - 1
+                last = index.offsets()[1:][cut_from:] - 1
             else:
-                last = index.pos == index.lengths[index.row] - 1
-            flat.get(self.cut_key)[last] = True
+                last = (index.pos == index.lengths[index.row] - 1) & (index.row >= cut_from)
+            flat[self.cut_key][last] = True
         self._alive[steps] = False
         self._n_dead += steps.numel()
         if self._n_dead * 2 > self._size:
             self._compact()
         if traj_format == "cat":
-            return flat
-        return to_padded(flat, index, ids_key=self.trajectory_key, mask_key=self.mask_key)
+            return TensorDict(flat, batch_size=[steps.numel()], device=self._device)
+        return to_padded(
+            flat,
+            index,
+            ids_key=self.trajectory_key,
+            mask_key=self.mask_key,
+            device=self._device,
+        )
+
+
+@dataclass(frozen=True)
+class Drained:
+    """What :meth:`TrajectoryAssembler.drain` returns.
+
+    Args:
+        batch: the remaining episodes (complete first, then in flight marked cut), or None.
+        dropped_trajs: episodes in flight dropped (``drop_incomplete=True``).
+        dropped_frames: the steps of those episodes.
+    """
+
+    batch: TensorDict | None
+    dropped_trajs: int
+    dropped_frames: int
 
 
 def _isin(values: Tensor, test: Tensor) -> Tensor:
@@ -396,6 +514,12 @@ def _rank_in(values: Tensor, test: Tensor) -> Tensor:
     return torch.from_numpy(np.where(found, order[where], -1))
 
 
+def _preview(ids: np.ndarray, limit: int = 5) -> str:
+    """``[3, 4, 9]``, or ``[3, 4, 9, 11, 12, ...] (8 ids)`` for long lists."""
+    shown = ", ".join(str(i) for i in ids[:limit].tolist())
+    return f"[{shown}]" if ids.size <= limit else f"[{shown}, ...] ({ids.size} ids)"
+
+
 def _check_format(traj_format: str) -> None:
-    if traj_format not in _FORMATS:
-        raise ValueError(f"traj_format must be one of {_FORMATS}, got {traj_format!r}")
+    if traj_format not in TRAJ_FORMATS:
+        raise ValueError(f"traj_format must be one of {TRAJ_FORMATS}, got {traj_format!r}")

@@ -8,15 +8,12 @@ from tensordict.utils import NestedKey
 from torch import Tensor
 
 from splice._gather import take_rows
-from splice.layout import NEXT, PADDING_ID, LayoutError, as_key_tuple
+from splice.contract import flatten_steps
+from splice.layout import NEXT, PADDING_ID, Key, LayoutError, as_key_tuple, fmt_key
 from splice.trajectories._index import TrajectoryIndex, ids_from_done, index_by_id
-from splice.trajectories._tensordict import (
-    Key,
-    flatten_batch,
-    leaves,
-    map_leaves,
-    resolve_trajectory_keys,
-)
+from splice.trajectories._tensordict import leaves, map_leaves, resolve_trajectory_keys
+
+Columns = dict[Key, Tensor]
 
 __all__ = ["cat_trajectories", "split_trajectories", "to_nested", "to_padded"]
 
@@ -40,8 +37,11 @@ def split_trajectories(
     flattened env-major. Trajectory boundaries come from the ids at ``trajectory_key`` (default
     ``(prefix, "traj_ids")``, prefix ``"collector"`` when present) or, when there are no ids,
     from ``("next", done_key)`` (default ``("next", "done")``); the derived ids are written to
-    the output. Steps whose id is negative, or whose existing mask is False, are padding and
-    are dropped.
+    the output. Steps whose id is ``-1``, or whose existing mask is False, are padding and
+    are dropped; an id below ``-1`` is refused (see :func:`splice.layout.check_trajectory_ids`).
+    A batch without real steps (``[0]``, ``[B, 0]``, all padding) gives an empty output:
+    ``[0, 0]`` padded, ``[0]`` jagged; a strided nested tensor cannot have zero rows, so
+    ``as_nested=True`` refuses it.
 
     Args:
         td: the batch of steps.
@@ -57,7 +57,10 @@ def split_trajectories(
         time order, and a boolean mask (True on real steps) next to the ids.
 
     Raises:
-        LayoutError: missing ids and done flags, non-integer ids, or a shape mismatch.
+        TypeError: ``td`` is not a TensorDict.
+        LayoutError: missing ids and done flags, non-integer ids, ids below ``-1``, or a shape
+            mismatch (the batch contract of :mod:`splice.contract`).
+        ValueError: ``as_nested=True`` (strided) for a batch without real steps.
 
     Examples:
         >>> import torch
@@ -86,18 +89,34 @@ def split_trajectories(
                 [ True,  True, False],
                 [ True, False, False]])
     """
-    if td.ndim == 0:
-        raise LayoutError("split_trajectories needs a batch with at least one (time) dimension")
+    if not isinstance(td, TensorDictBase):
+        raise TypeError(f"split_trajectories expects a TensorDict, got {type(td).__name__}")
     ids_key, mask_key = resolve_trajectory_keys(td, trajectory_key, prefix)
-    ids, derived = _read_ids(td, ids_key, done_key)
-    flat = flatten_batch(td.exclude(mask_key))
-    if derived:
-        flat.set(ids_key, ids.reshape(-1))
-    flat, ids = _drop_padding(flat, ids.reshape(-1), td.get(mask_key, None))
+    steps = flatten_steps(
+        td, ids_key=ids_key, mask_key=mask_key, context="split_trajectories' input"
+    )
+    columns = dict(steps.columns)
+    ids = steps.ids
+    if ids is None:
+        done_key = (NEXT, *as_key_tuple(done_key if done_key is not None else "done"))
+        done = steps.flag(done_key)
+        if done is None:
+            raise LayoutError(
+                f"no trajectory ids at {fmt_key(ids_key)} and no done flags at "
+                f"{fmt_key(done_key)} to derive them from"
+            )
+        ids = ids_from_done(done, steps.batch_shape).reshape(-1)
+        columns[ids_key] = ids
+    if steps.real is not None:
+        keep = steps.real.nonzero().squeeze(1)
+        columns = {key: take_rows(x, keep) for key, x in columns.items()}
+        ids = ids[keep]
     index = index_by_id(ids)
     if as_nested is False:
-        return to_padded(flat, index, ids_key=ids_key, mask_key=mask_key)
-    return to_nested(flat, index, mask_key=mask_key, layout=_nested_layout(as_nested))
+        return to_padded(columns, index, ids_key=ids_key, mask_key=mask_key, device=td.device)
+    return to_nested(
+        columns, index, mask_key=mask_key, layout=_nested_layout(as_nested), device=td.device
+    )
 
 
 def cat_trajectories(
@@ -120,6 +139,7 @@ def cat_trajectories(
         prefix: where ``"mask"`` lives when ``trajectory_key`` is not given (as in split).
 
     Raises:
+        TypeError: ``td`` is not a TensorDict.
         LayoutError: a padded input without a mask, or a mask of the wrong shape or dtype.
 
     Examples:
@@ -131,6 +151,8 @@ def cat_trajectories(
         >>> cat_trajectories(split_trajectories(batch))["collector", "traj_ids"]
         tensor([0, 0, 2, 1, 3, 3])
     """
+    if not isinstance(td, TensorDictBase):
+        raise TypeError(f"cat_trajectories expects a TensorDict, got {type(td).__name__}")
     _, mask_key = resolve_trajectory_keys(td, trajectory_key, prefix)
     if _is_nested(td):
         return _cat_nested(td, mask_key)
@@ -157,7 +179,12 @@ def cat_trajectories(
 
 
 def to_padded(
-    flat: TensorDictBase, index: TrajectoryIndex, *, ids_key: Key | None, mask_key: Key
+    columns: Columns,
+    index: TrajectoryIndex,
+    *,
+    ids_key: Key | None,
+    mask_key: Key,
+    device: torch.device | None = None,
 ) -> TensorDict:
     """Scatter flat steps into a zero-padded ``[n_rows, max_len]`` TensorDict with a mask.
 
@@ -172,87 +199,77 @@ def to_padded(
         out.index_copy_(0, dest, x)
         return out.view(n_rows, max_len, *x.shape[1:])
 
-    out = map_leaves(flat, scatter, [n_rows, max_len])
+    out = {key: scatter(key, x) for key, x in columns.items()}
     mask = torch.zeros(n_rows * max_len, dtype=torch.bool, device=dest.device)
     mask[dest] = True
-    out.set(mask_key, mask.view(n_rows, max_len))
-    return out
+    out[mask_key] = mask.view(n_rows, max_len)
+    return TensorDict(out, batch_size=[n_rows, max_len], device=device)
 
 
 def to_nested(
-    flat: TensorDictBase, index: TrajectoryIndex, *, mask_key: Key, layout: torch.layout
+    columns: Columns,
+    index: TrajectoryIndex,
+    *,
+    mask_key: Key,
+    layout: torch.layout,
+    device: torch.device | None = None,
 ) -> TensorDict:
     """One nested tensor per key (rows = trajectories) plus an all-True nested mask.
 
     Zero-copy when the steps are already laid out trajectory after trajectory.
+
+    Raises:
+        ValueError: no trajectory at all with the strided layout (torch has no zero-row strided
+            nested tensor with per-step dims).
     """
+    if index.n_rows == 0 and layout == torch.strided:
+        raise ValueError(
+            "split_trajectories(as_nested=True): the batch has no real steps (empty, or all "
+            "padding), and a strided nested tensor cannot have zero rows; use "
+            "as_nested=torch.jagged or the padded output (as_nested=False), which return an "
+            "empty result"
+        )
     if not index.cat_is_identity():
         order = index.cat_order()
-        flat = map_leaves(flat, lambda _, x: take_rows(x, order), [index.n_steps])
-    flat = flat.clone(recurse=False)
-    flat.set(mask_key, torch.ones(index.n_steps, dtype=torch.bool, device=index.row.device))
+        columns = {key: take_rows(x, order) for key, x in columns.items()}
+    columns = dict(columns)
+    columns[mask_key] = torch.ones(index.n_steps, dtype=torch.bool, device=index.row.device)
     if layout == torch.jagged:
         offsets = index.offsets()
-        return map_leaves(
-            flat,
-            lambda _, x: torch.nested.nested_tensor_from_jagged(
-                x, offsets, min_seqlen=int(index.lengths.min()), max_seqlen=index.max_len
-            ),
-            [index.n_rows],
+        min_len = int(index.lengths.min()) if index.n_rows else 0
+        return TensorDict(
+            {
+                key: torch.nested.nested_tensor_from_jagged(
+                    x, offsets, min_seqlen=min_len, max_seqlen=index.max_len
+                )
+                for key, x in columns.items()
+            },
+            batch_size=[index.n_rows],
+            device=device,
         )
     lengths = index.lengths
     # A nested tensor whose rows all have the same length reports a regular size.
     ragged = index.n_rows > 0 and bool((lengths != index.max_len).any())
     batch_size = [index.n_rows, -1 if ragged else index.max_len]
-    return map_leaves(flat, lambda _, x: _strided_view(x, lengths), batch_size)
+    return TensorDict(
+        {key: _strided_view(x, lengths) for key, x in columns.items()},
+        batch_size=batch_size,
+        device=device,
+    )
 
 
 def _strided_view(values: Tensor, lengths: Tensor) -> Tensor:
-    """A strided nested tensor viewing ``values`` (``[sum(lengths), *feature]``), no copy."""
+    """A strided nested tensor viewing ``values`` (``[sum(lengths), *feature]``), no copy.
+
+    torch has no public zero-copy constructor for strided nested tensors
+    (``torch.nested.nested_tensor`` copies), so this uses the two private helpers TorchRL's
+    ``split_trajectories`` uses too.
+    """
     values = values.contiguous()
     feature = torch.tensor(values.shape[1:], dtype=torch.int64)
     sizes = torch.cat([lengths[:, None], feature.expand(lengths.numel(), feature.numel())], 1)
     strides, offsets = torch._nested_compute_contiguous_strides_offsets(sizes)
     return torch._nested_view_from_buffer(values.reshape(-1), sizes, strides, offsets)
-
-
-def _read_ids(td: TensorDictBase, ids_key: Key, done_key: NestedKey | None) -> tuple[Tensor, bool]:
-    """The int64 trajectory ids, and whether they were derived from done flags."""
-    ids = td.get(ids_key, None)
-    if ids is None:
-        full_done_key = (NEXT, *as_key_tuple(done_key if done_key is not None else "done"))
-        done = td.get(full_done_key, None)
-        if done is None:
-            raise LayoutError(
-                f"no trajectory ids at {ids_key!r} and no done flags at {full_done_key!r} "
-                "to derive them from"
-            )
-        if tuple(done.shape[: td.ndim]) != tuple(td.batch_size):
-            raise LayoutError(
-                f"key {full_done_key!r}: expected shape [{', '.join(map(str, td.batch_size))}"
-                f", ...], got {list(done.shape)}"
-            )
-        return ids_from_done(done, td.batch_size), True
-    if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
-        raise LayoutError(f"key {ids_key!r}: trajectory ids must be integers, got {ids.dtype}")
-    if ids.shape != td.batch_size:
-        raise LayoutError(
-            f"key {ids_key!r}: expected shape {list(td.batch_size)} (the batch shape), "
-            f"got {list(ids.shape)}"
-        )
-    return ids.to(torch.int64), False
-
-
-def _drop_padding(
-    flat: TensorDictBase, ids: Tensor, mask: Tensor | None
-) -> tuple[TensorDictBase, Tensor]:
-    valid = ids >= 0
-    if mask is not None:
-        valid &= mask.reshape(-1).to(torch.bool)
-    if bool(valid.all()):
-        return flat, ids
-    keep = valid.nonzero().squeeze(1)
-    return map_leaves(flat, lambda _, x: take_rows(x, keep), [keep.numel()]), ids[keep]
 
 
 def _nested_layout(as_nested: bool | torch.layout) -> torch.layout:

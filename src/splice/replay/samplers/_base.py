@@ -1,39 +1,35 @@
-"""The sampler protocol shared by every sampler, and the uniform ``RandomSampler``.
-
-A sampler is attached to one buffer. It keeps whatever it needs to draw in O(batch) (sets of
-eligible slice ends, sum-trees, epoch permutations), updates it from the index's
-:class:`~splice.replay.index.WriteReport` after every write, and draws rows with its own
-``torch.Generator`` — never the global random state.
-"""
+"""The sampler contract — the hooks a sampler implements — and the uniform ``RandomSampler``."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar, TypeVar
 
 import numpy as np
 import torch
 from tensordict.utils import NestedKey
 
-from splice.layout import as_key_tuple
-from splice.replay._structures import I64, State
+from splice.layout import IS_INIT, TRUNCATED, Key, as_key_tuple
+from splice.replay._state import flatten, from_tensors, to_tensors, unflatten
+from splice.replay._structures import I64
 from splice.replay.index import ReplayIndex, WriteReport
 
-__all__ = ["Draw", "RandomSampler", "Sampler"]
-
-Key = tuple[str, ...]
+__all__ = ["Draw", "RandomSampler", "Sampler", "SamplerState", "SliceMarks", "make_generator"]
 
 
 @dataclass(frozen=True)
 class Draw:
-    """What a sampler picked.
+    """What a sampler picked (returned by :meth:`Sampler.draw`).
 
     Attributes:
         rows: ``[B]`` storage rows (single steps), or ``[S, W]`` for slices: row ``i`` holds
             ``length[i]`` consecutive steps of one trajectory, oldest first, then ``-1``.
-        length: ``[S]`` real steps of each slice, burn-in included (slices only).
-        burn: ``[S]`` burn-in steps at the start of each slice (slices only).
-        weight: ``[S]`` importance weights (prioritised samplers only).
+        length: ``[S]`` real steps of each slice, burn-in included (slices only; default:
+            every row's steps up to its first ``-1``).
+        burn: ``[S]`` burn-in steps at the start of each slice (slices only; default 0).
+        weight: importance weights, ``[B]`` per step or ``[S]`` per slice (prioritised
+            samplers only).
     """
 
     rows: np.ndarray
@@ -42,19 +38,76 @@ class Draw:
     weight: np.ndarray | None = None
 
 
+@dataclass(frozen=True)
+class SliceMarks:
+    """How the buffer marks slices in a sample (see :attr:`Sampler.marks`).
+
+    Attributes:
+        truncated_key: set True (with the ``done`` key next to it) at every slice's last real
+            step; None leaves the flags alone.
+        init_key: set True at every slice's first step, when stored; None leaves it alone.
+        pad_output: pad a flat sample to ``num_slices * width`` steps, with a mask.
+        as_sequences: return ``[num_slices, width]`` instead of a flat sample.
+        burn_in: the largest burn-in (``("collector", "burn_in")`` marks it when > 0).
+        state_keys: keys returned at every slice's first step in ``info["initial_state"]``.
+    """
+
+    truncated_key: Key | None = TRUNCATED
+    init_key: Key | None = (IS_INIT,)
+    pad_output: bool = False
+    as_sequences: bool = False
+    burn_in: int = 0
+    state_keys: tuple[Key, ...] = ()
+
+
+@dataclass
+class SamplerState:
+    """What every sampler saves: its generator's state and the epoch flag."""
+
+    rng: np.ndarray
+    ran_out: bool
+
+
 def make_generator(generator: torch.Generator | None, seed: int | None) -> torch.Generator:
+    """The generator a sampler draws from.
+
+    ``generator`` is used as is; ``seed`` seeds a fresh one; with neither, a fresh generator
+    is seeded from torch's global RNG (one draw, as ``torch.utils.data`` samplers do), so
+    ``torch.manual_seed`` at the top of a script reproduces the run.
+
+    Raises:
+        TypeError: both given, or ``generator`` is not a ``torch.Generator``.
+
+    Examples:
+        >>> _ = torch.manual_seed(0)
+        >>> a = torch.rand(3, generator=make_generator(None, None))
+        >>> _ = torch.manual_seed(0)
+        >>> bool((a == torch.rand(3, generator=make_generator(None, None))).all())
+        True
+    """
     if generator is not None and seed is not None:
         raise TypeError("pass either generator= or seed=, not both")
     if generator is not None:
         if not isinstance(generator, torch.Generator):
             raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
         return generator
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+        raise TypeError(f"seed must be an int, got {type(seed).__name__}")
     out = torch.Generator()
     if seed is None:
-        out.seed()  # fresh entropy; the global RNG is left alone
-    else:
-        out.manual_seed(int(seed))
+        seed = int(torch.empty((), dtype=torch.int64).random_().item())
+    out.manual_seed(seed)
     return out
+
+
+S = TypeVar("S", bound="SamplerState")
+
+
+def expect_state(state: SamplerState, kind: type[S]) -> S:
+    """``state`` if it is a ``kind``, else TypeError (a state saved by another sampler)."""
+    if not isinstance(state, kind):
+        raise TypeError(f"expected a {kind.__name__}, got {type(state).__name__}")
+    return state
 
 
 def key_or_none(key: NestedKey | None) -> Key | None:
@@ -62,18 +115,67 @@ def key_or_none(key: NestedKey | None) -> Key | None:
 
 
 class Sampler:
-    """Base class of the samplers (see module docs).
+    """Base class of the samplers: the contract between a sampler and its replay buffer.
+
+    A sampler decides which stored rows a batch is made of. The buffer owns the storage and
+    a :class:`~splice.replay.ReplayIndex` (the trajectory and step of every stored row, the
+    live range, segment links); the sampler owns whatever it needs to draw fast (sets,
+    trees, epoch orders) and keeps it current through the hooks below. The buffer calls them
+    while holding its lock, in this order:
+
+    1. :meth:`attach` ``(index, batch_size)`` — when the buffer is built, and again after
+       ``rb.empty()``, ``rb.load_state_dict()`` and ``rb.loads()``. It binds the sampler to
+       the index and calls :meth:`rebuild`, where a sampler computes its structures from
+       the index's current content (O(capacity), rare).
+    2. :meth:`on_write` ``(report)`` — after every ``extend``/``add``, once the index has
+       recorded the write; the :class:`~splice.replay.WriteReport` says which rows were
+       evicted and written and which trajectories changed, so updates cost O(batch).
+    3. :meth:`draw` ``(batch_size)`` — for every ``sample()``; returns a :class:`Draw`
+       (storage rows, ``[B]`` for single steps or ``[S, W]`` for slices). It must not change
+       the index. Set :attr:`ran_out` to True when the draw completes an epoch (iteration
+       over the buffer stops there).
+    4. :meth:`update_priority` ``(rows, priority)`` — on ``rb.update_priority``; ignored by
+       default.
+    5. After ``attach``, when restoring: :meth:`restore` ``(state)`` with what :meth:`state`
+       returned (a :class:`SamplerState` subclass named by :attr:`state_type`).
+
+    The buffer also reads :attr:`needs_trajectories`, :attr:`traj_key` and :attr:`end_key`
+    (which data delimits trajectories, decided at the first write), calls
+    :meth:`check_batch_size` when a batch size is set, and asks :attr:`marks` how to mark
+    slices in the output. Draw randomness from :attr:`generator` (helpers :meth:`random`
+    and :meth:`randint`) so that ``seed=`` and checkpoints reproduce a run.
 
     Args:
         generator: the random generator to draw from.
-        seed: seed of a fresh generator (exclusive with ``generator``); without either, the
-            generator is seeded from fresh entropy.
+        seed: seed of a fresh generator (exclusive with ``generator``). Without either, a
+            fresh generator is seeded from torch's global RNG at construction.
+
+    Examples:
+        A sampler that returns the newest ``batch_size`` steps (the index's live rows are
+        the global positions ``[index.lo, index.write_count)``):
+
+        >>> import numpy as np, torch
+        >>> from tensordict import TensorDict
+        >>> from splice.replay import Draw, LazyTensorStorage, ReplayBuffer, Sampler
+        >>> class Newest(Sampler):
+        ...     def draw(self, batch_size):
+        ...         index = self.index
+        ...         start = max(index.lo, index.write_count - batch_size)
+        ...         return Draw(rows=np.arange(start, index.write_count) % index.capacity)
+        >>> rb = ReplayBuffer(storage=LazyTensorStorage(5), sampler=Newest(), batch_size=3)
+        >>> _ = rb.extend(TensorDict({"x": torch.arange(7)}, batch_size=[7]))
+        >>> rb.sample()["x"]
+        tensor([4, 5, 6])
     """
 
-    #: whether the sampler needs trajectory boundaries (ids or end flags) in the data.
+    #: Whether the sampler needs trajectory boundaries (ids or end flags) in the data.
     needs_trajectories: ClassVar[bool] = False
-    traj_key: Key | None = None
-    end_key: Key | None = None
+    #: The dataclass :meth:`state` returns (subclasses extend :class:`SamplerState`).
+    state_type: ClassVar[type[SamplerState]] = SamplerState
+    #: Key of the trajectory ids (None: ``("collector", "traj_ids")``, then ``"episode"``).
+    traj_key: NestedKey | None = None
+    #: Key of the end-of-trajectory flag for data without ids (None: ``("next", "done")``).
+    end_key: NestedKey | None = None
 
     def __init__(
         self, *, generator: torch.Generator | None = None, seed: int | None = None
@@ -84,57 +186,117 @@ class Sampler:
         self._index: ReplayIndex | None = None
         self._default_batch: int | None = None
 
-    # ------------------------------------------------------------------ buffer hooks
-    def _attach(self, index: ReplayIndex, batch_size: int | None) -> None:
-        """Bind to a buffer's index and build the sampler's structures from its content."""
+    # ------------------------------------------------------------------ contract
+    def attach(self, index: ReplayIndex, batch_size: int | None) -> None:
+        """Bind to a buffer's index (and default batch size), then :meth:`rebuild`.
+
+        Raises:
+            ValueError: the sampler already belongs to another buffer.
+        """
+        if self._index is not None and self._index is not index:
+            raise ValueError(f"this {type(self).__name__} already belongs to a replay buffer")
+        before = self._index, self._default_batch
         self._index = index
         self._default_batch = batch_size
-        self._rebuild()
+        try:
+            self.rebuild()
+        except BaseException:
+            self._index, self._default_batch = before  # a failed attach binds nothing
+            raise
 
-    def _rebuild(self) -> None:
-        """Recompute every derived structure from the index (O(capacity), rare)."""
-
-    def _on_write(self, report: WriteReport) -> None:
-        """Update after a write (O(batch))."""
-
-    def _draw(self, batch_size: int) -> Draw:
-        raise NotImplementedError
-
-    def update_priority(self, index: np.ndarray, priority: np.ndarray) -> None:
-        """Ignored: only prioritised samplers use priorities (as in TorchRL)."""
+    @property
+    def attached(self) -> bool:
+        """Whether a buffer has attached this sampler."""
+        return self._index is not None
 
     @property
     def index(self) -> ReplayIndex:
+        """The index of the buffer this sampler is attached to.
+
+        Raises:
+            RuntimeError: not attached.
+        """
         if self._index is None:
             raise RuntimeError(f"{type(self).__name__} is not attached to a replay buffer")
         return self._index
 
+    @property
+    def default_batch_size(self) -> int | None:
+        """The buffer's ``batch_size`` given to :meth:`attach`."""
+        return self._default_batch
+
+    def rebuild(self) -> None:
+        """Recompute every derived structure from :attr:`index` (O(capacity), rare)."""
+
+    def on_write(self, report: WriteReport) -> None:
+        """Update after a write, from what it changed (O(batch))."""
+
+    def draw(self, batch_size: int) -> Draw:
+        """Pick the rows of a batch of ``batch_size`` steps."""
+        raise NotImplementedError(f"{type(self).__name__} must implement draw(batch_size)")
+
+    def update_priority(self, rows: np.ndarray, priority: np.ndarray) -> None:
+        """Ignored: only prioritised samplers use priorities (as in TorchRL).
+
+        Args:
+            rows: int64 storage rows, as the user gave them (any shape; -1 is padding).
+            priority: float64 priorities as the user gave them: ``rows``'s shape, or
+                broadcastable to it (the sampler broadcasts).
+        """
+
+    def check_batch_size(self, batch_size: int) -> None:
+        """Raise ``ValueError`` if this sampler cannot draw batches of ``batch_size``."""
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+
+    def empty_error(self) -> RuntimeError:
+        """The error to raise when asked to draw from an empty buffer (TorchRL's wording)."""
+        return RuntimeError("Cannot sample from an empty storage: the replay buffer holds no step")
+
+    @property
+    def marks(self) -> SliceMarks | None:
+        """How slices are marked in samples (None: single steps; slice samplers override)."""
+        return None
+
     # ------------------------------------------------------------------ randomness
-    def _uniform(self, n: int) -> np.ndarray:
+    def random(self, n: int) -> np.ndarray:
+        """``n`` float64 numbers uniform in ``[0, 1)`` from :attr:`generator`."""
         return torch.rand(n, dtype=torch.float64, generator=self.generator).numpy()
 
-    def _randint(self, high: np.ndarray | int, n: int) -> np.ndarray:
-        """``n`` integers uniform in ``[0, high)`` (``high`` scalar or per draw)."""
+    def randint(self, high: np.ndarray | int, n: int) -> np.ndarray:
+        """``n`` int64 numbers uniform in ``[0, high)`` (``high`` a scalar or per draw)."""
         # u < 1 - 2**-53, so u * high < high for every high below 2**52: no clipping needed.
-        return (self._uniform(n) * high).astype(I64)
+        return (self.random(n) * high).astype(I64)
 
     # ------------------------------------------------------------------ persistence
     def config(self) -> dict[str, object]:
-        """The constructor settings that a restored buffer must share."""
+        """The constructor settings that a restored buffer must share (JSON-able)."""
         return {"type": type(self).__name__}
 
-    def state_dict(self) -> State:
-        return {"rng": self.generator.get_state().numpy().copy(), "ran_out": int(self.ran_out)}
+    def state(self) -> SamplerState:
+        """Everything needed to continue exactly where this sampler is."""
+        return SamplerState(self.generator.get_state().numpy().copy(), self.ran_out)
 
-    def load_state_dict(self, state: State) -> None:
-        self.generator.set_state(torch.from_numpy(np.asarray(state["rng"], dtype=np.uint8)))
-        self.ran_out = bool(state["ran_out"])
+    def restore(self, state: SamplerState) -> None:
+        """Load :meth:`state` (after :meth:`attach` to an identical index)."""
+        self.generator.set_state(torch.from_numpy(np.asarray(state.rng, dtype=np.uint8)))
+        self.ran_out = state.ran_out
+
+    def state_dict(self) -> dict[str, object]:
+        """:meth:`state` as a flat dict of tensors and numbers (``torch.save``-able)."""
+        return to_tensors(flatten(self.state()))
+
+    def load_state_dict(self, state_dict: Mapping[str, object]) -> None:
+        """The inverse of :meth:`state_dict`."""
+        self.restore(unflatten(self.state_type, from_tensors(state_dict)))
 
 
 class RandomSampler(Sampler):
     """Uniform sampling of single steps, with replacement, in O(batch).
 
     Args:
+        replacement: ``False`` gives a :class:`SamplerWithoutReplacement` (with the other
+            keyword arguments), as in TorchRL.
         generator: the random generator to draw from.
         seed: seed of a fresh generator (exclusive with ``generator``).
 
@@ -151,10 +313,28 @@ class RandomSampler(Sampler):
         (torch.Size([4]), True)
     """
 
-    def _draw(self, batch_size: int) -> Draw:
+    def __new__(cls, *args: Any, replacement: bool = True, **kwargs: Any) -> Any:
+        if replacement is False and cls is RandomSampler:
+            # TorchRL's dispatch: RandomSampler(replacement=False) is a
+            # SamplerWithoutReplacement (imported here: that module builds on this one).
+            from splice.replay.samplers.without_replacement import SamplerWithoutReplacement
+
+            return SamplerWithoutReplacement(*args, **kwargs)
+        return super().__new__(cls)
+
+    def __init__(
+        self,
+        *,
+        replacement: bool = True,
+        generator: torch.Generator | None = None,
+        seed: int | None = None,
+    ) -> None:
+        super().__init__(generator=generator, seed=seed)
+
+    def draw(self, batch_size: int) -> Draw:
         index = self.index
         n = len(index)
         if n == 0:
-            raise RuntimeError("cannot sample from an empty replay buffer")
-        pos = index.lo + self._randint(n, batch_size)
+            raise self.empty_error()
+        pos = index.lo + self.randint(n, batch_size)
         return Draw(rows=pos % index.capacity)

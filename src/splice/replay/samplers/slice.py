@@ -12,19 +12,51 @@ in O(batch) per write, and a draw costs O(batch) — never a scan of the storage
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
 from tensordict.utils import NestedKey
 
-from splice.layout import IS_INIT, TRUNCATED
-from splice.replay._structures import EMPTY, I64, DenseSet, State
+from splice.layout import IS_INIT, TRUNCATED, Key, as_key_tuple
+from splice.replay._structures import EMPTY, I64, DenseSet, DenseSetState
 from splice.replay.index import WriteReport
-from splice.replay.samplers._base import Draw, Key, Sampler, key_or_none
+from splice.replay.samplers._base import (
+    Draw,
+    Sampler,
+    SamplerState,
+    SliceMarks,
+    expect_state,
+    key_or_none,
+)
+from splice.replay.samplers.without_replacement import Epoch, EpochState
 
-__all__ = ["SliceSampler", "SliceSamplerWithoutReplacement"]
+__all__ = [
+    "SliceSampler",
+    "SliceSamplerState",
+    "SliceSamplerWithoutReplacement",
+    "SliceWithoutReplacementState",
+]
 
 _WEIGHTINGS = ("trajectory", "transition")
+
+
+@dataclass
+class SliceSamplerState(SamplerState):
+    """:class:`SliceSampler`: the base state, the slice length the sets were built for
+    (-1: none yet) and the sets of eligible ends and trajectories."""
+
+    built_len: int
+    ends: DenseSetState
+    trajs: DenseSetState
+
+
+@dataclass
+class SliceWithoutReplacementState(SliceSamplerState):
+    """:class:`SliceSamplerWithoutReplacement`: the slice state and the epoch."""
+
+    epoch: EpochState
 
 
 class SliceSampler(Sampler):
@@ -70,12 +102,16 @@ class SliceSampler(Sampler):
     smaller flat batch, as in TorchRL).
 
     Args:
+        replacement: ``False`` gives a :class:`SliceSamplerWithoutReplacement` (with the
+            other arguments), as in TorchRL.
         num_slices: slices per batch (exclusive with ``slice_len``).
         slice_len: training steps per slice (exclusive with ``num_slices``).
         end_key: end-of-trajectory flag used when the data has no trajectory ids
             (default ``("next", "done")``).
-        traj_key: key of the trajectory ids (default ``("collector", "traj_ids")`` when
-            present). Ids always take precedence over end flags.
+        traj_key: key of the trajectory ids. Default: ``("collector", "traj_ids")`` when
+            present, else ``"episode"`` (TorchRL's auto-detection). A ``traj_key`` absent
+            from the data falls back to the end flags (as in TorchRL). Ids, when present,
+            take precedence over end flags.
         truncated_key: where to mark slice ends (None: leave the flags alone).
         init_key: where to mark slice starts, when stored (None: leave alone).
         strict_length: only sample full-length slices.
@@ -118,10 +154,19 @@ class SliceSampler(Sampler):
     """
 
     needs_trajectories = True
+    state_type: ClassVar[type[SamplerState]] = SliceSamplerState
+
+    def __new__(cls, *args: Any, replacement: bool = True, **kwargs: Any) -> Any:
+        if replacement is False and cls is SliceSampler:
+            # TorchRL's dispatch: SliceSampler(replacement=False) is a
+            # SliceSamplerWithoutReplacement (initialised by Python with the same arguments).
+            return super().__new__(SliceSamplerWithoutReplacement)
+        return super().__new__(cls)
 
     def __init__(
         self,
         *,
+        replacement: bool = True,
         num_slices: int | None = None,
         slice_len: int | None = None,
         end_key: NestedKey | None = None,
@@ -148,18 +193,25 @@ class SliceSampler(Sampler):
             raise ValueError(f"weighting must be one of {_WEIGHTINGS}, got {weighting!r}")
         if not isinstance(burn_in, int) or burn_in < 0:
             raise ValueError(f"burn_in must be a non-negative int, got {burn_in!r}")
+        if pad_output and strict_length:
+            raise ValueError(
+                "pad_output=True is incompatible with strict_length=True: strict slices are "
+                "never short, so there is nothing to pad"
+            )
         self.num_slices = num_slices
         self.slice_len = slice_len
-        self.end_key = key_or_none(end_key)
-        self.traj_key = key_or_none(traj_key)
-        self.truncated_key = key_or_none(truncated_key)
-        self.init_key = key_or_none(init_key)
+        self.end_key = end_key
+        self.traj_key = traj_key
+        self.truncated_key = truncated_key
+        self.init_key = init_key
+        self._truncated = key_or_none(truncated_key)
+        self._init = key_or_none(init_key)
         self.strict_length = bool(strict_length)
         self.pad_output = bool(pad_output)
         self.weighting = weighting
         self.as_sequences = bool(as_sequences)
         self.burn_in = burn_in
-        self.state_keys: tuple[Key, ...] = tuple(key_or_none(k) for k in state_keys)  # type: ignore[misc]
+        self.state_keys: tuple[Key, ...] = tuple(as_key_tuple(k) for k in state_keys)
         self.cache_values = cache_values
         self._built_len: int | None = None
         self._ends = DenseSet(0)  # eligible end rows ("transition", strict)
@@ -192,15 +244,30 @@ class SliceSampler(Sampler):
             )
         return self.num_slices, batch_size // self.num_slices
 
+    def check_batch_size(self, batch_size: int) -> None:
+        super().check_batch_size(batch_size)
+        self.shape_for(batch_size)
+
+    @property
+    def marks(self) -> SliceMarks:
+        return SliceMarks(
+            truncated_key=self._truncated,
+            init_key=self._init,
+            pad_output=self.pad_output,
+            as_sequences=self.as_sequences,
+            burn_in=self.burn_in,
+            state_keys=self.state_keys,
+        )
+
     @property
     def _track_ends(self) -> bool:
         return self.weighting == "transition" and self.strict_length
 
     # ------------------------------------------------------------------ maintenance
-    def _rebuild(self) -> None:
+    def rebuild(self) -> None:
         length = self._built_len
-        if length is None and self._default_batch is not None:
-            length = self.shape_for(self._default_batch)[1]
+        if length is None and self.default_batch_size is not None:
+            length = self.shape_for(self.default_batch_size)[1]
         self._build(length)
 
     def _build(self, length: int | None) -> None:
@@ -220,7 +287,7 @@ class SliceSampler(Sampler):
         if self._built_len != length:
             self._build(length)
 
-    def _on_write(self, report: WriteReport) -> None:
+    def on_write(self, report: WriteReport) -> None:
         length = self._built_len
         if length is None:
             return
@@ -282,20 +349,20 @@ class SliceSampler(Sampler):
         steps stored before each end, training length)``."""
         index = self.index
         if len(index) == 0:
-            raise RuntimeError("cannot sample from an empty replay buffer")
+            raise self.empty_error()
         if self.weighting == "trajectory":
             n = len(self._trajs)
             if n == 0:
                 raise self._no_slice_error(length)
-            slots = self._trajs.items[self._randint(n, count)]
+            slots = self._trajs.items[self.randint(n, count)]
             return self._end_in_trajectory(slots, length)
         if self.strict_length:
             n = len(self._ends)
             if n == 0:
                 raise self._no_slice_error(length)
-            ends = self._ends.items[self._randint(n, count)]
+            ends = self._ends.items[self.randint(n, count)]
             return ends, 0, index.steps_before(ends), np.full(count, length, dtype=I64)
-        starts = (index.lo + self._randint(len(index), count)) % index.capacity
+        starts = (index.lo + self.randint(len(index), count)) % index.capacity
         return self._from_starts(starts, length)
 
     def _from_starts(
@@ -314,10 +381,10 @@ class SliceSampler(Sampler):
         T = self.index.traj.a
         avail = T["last"][slots] - T["first"][slots] + 1
         train = np.minimum(avail, length)
-        back = self._randint(avail - train + 1, slots.size)  # steps after the slice's end
+        back = self.randint(avail - train + 1, slots.size)  # steps after the slice's end
         return T["last_row"][slots], back, avail - 1 - back, train
 
-    def _draw(self, batch_size: int) -> Draw:
+    def draw(self, batch_size: int) -> Draw:
         count, length = self.shape_for(batch_size)
         self._ensure(length)
         anchor, offset, before, train = self._pick(count, length)
@@ -335,24 +402,26 @@ class SliceSampler(Sampler):
             weighting=self.weighting,
             strict_length=self.strict_length,
             burn_in=self.burn_in,
-            end_key=None if self.end_key is None else list(self.end_key),
-            traj_key=None if self.traj_key is None else list(self.traj_key),
+            end_key=None if self.end_key is None else list(as_key_tuple(self.end_key)),
+            traj_key=None if self.traj_key is None else list(as_key_tuple(self.traj_key)),
         )
         return out
 
-    def state_dict(self) -> State:
-        out = super().state_dict()
-        out["built_len"] = -1 if self._built_len is None else self._built_len
-        out.update(self._ends.state_dict("ends_"))
-        out.update(self._trajs.state_dict("trajs_"))
-        return out
+    def state(self) -> SliceSamplerState:
+        base = super().state()
+        return SliceSamplerState(
+            **vars(base),
+            built_len=-1 if self._built_len is None else self._built_len,
+            ends=self._ends.state(),
+            trajs=self._trajs.state(),
+        )
 
-    def load_state_dict(self, state: State) -> None:
-        super().load_state_dict(state)
-        built = int(state["built_len"])  # type: ignore[arg-type]
-        self._built_len = None if built < 0 else built
-        self._ends.load_state_dict(state, "ends_")
-        self._trajs.load_state_dict(state, "trajs_")
+    def restore(self, state: SamplerState) -> None:
+        state = expect_state(state, SliceSamplerState)
+        super().restore(state)
+        self._built_len = None if state.built_len < 0 else state.built_len
+        self._ends.restore(state.ends)
+        self._trajs.restore(state.trajs)
 
 
 class SliceSamplerWithoutReplacement(SliceSampler):
@@ -369,7 +438,12 @@ class SliceSamplerWithoutReplacement(SliceSampler):
     Args:
         drop_last: drop the last, incomplete batch of an epoch (default: return it smaller).
         shuffle: visit the items in random order (default) or in storage order.
-        **kwargs: as for :class:`SliceSampler`.
+        replacement: accepted for TorchRL compatibility (the dispatch target of
+            ``SliceSampler(replacement=False)``); must be False.
+        num_slices: as for :class:`SliceSampler`, and so are ``slice_len``, ``end_key``,
+            ``traj_key``, ``truncated_key``, ``init_key``, ``strict_length``,
+            ``pad_output``, ``weighting``, ``as_sequences``, ``burn_in``, ``state_keys``,
+            ``cache_values``, ``generator`` and ``seed``.
 
     Examples:
         >>> import torch
@@ -384,77 +458,106 @@ class SliceSamplerWithoutReplacement(SliceSampler):
         [[0, 2], [1]]
     """
 
-    def __init__(self, *, drop_last: bool = False, shuffle: bool = True, **kwargs: object) -> None:
-        super().__init__(**kwargs)  # type: ignore[arg-type]
+    state_type = SliceWithoutReplacementState
+
+    def __init__(
+        self,
+        *,
+        replacement: bool = False,
+        num_slices: int | None = None,
+        slice_len: int | None = None,
+        drop_last: bool = False,
+        shuffle: bool = True,
+        end_key: NestedKey | None = None,
+        traj_key: NestedKey | None = None,
+        truncated_key: NestedKey | None = TRUNCATED,
+        init_key: NestedKey | None = IS_INIT,
+        strict_length: bool = True,
+        pad_output: bool = False,
+        weighting: str = "trajectory",
+        as_sequences: bool = False,
+        burn_in: int = 0,
+        state_keys: Sequence[NestedKey] = (),
+        cache_values: bool = False,
+        generator: torch.Generator | None = None,
+        seed: int | None = None,
+    ) -> None:
+        if replacement:
+            raise ValueError("SliceSamplerWithoutReplacement(replacement=True): use SliceSampler")
+        super().__init__(
+            num_slices=num_slices,
+            slice_len=slice_len,
+            end_key=end_key,
+            traj_key=traj_key,
+            truncated_key=truncated_key,
+            init_key=init_key,
+            strict_length=strict_length,
+            pad_output=pad_output,
+            weighting=weighting,
+            as_sequences=as_sequences,
+            burn_in=burn_in,
+            state_keys=state_keys,
+            cache_values=cache_values,
+            generator=generator,
+            seed=seed,
+        )
         self.drop_last = bool(drop_last)
         self.shuffle = bool(shuffle)
-        self._epoch = EMPTY  # global positions ("transition") or slots ("trajectory")
-        self._epoch_gen = EMPTY  # slot generations ("trajectory")
-        self._cursor = 0
+        # Items: global positions ("transition") or trajectory slots tagged with their
+        # generation ("trajectory").
+        self._epoch = Epoch(drop_last=self.drop_last)
+
+    def rebuild(self) -> None:
+        if self.drop_last and self.default_batch_size is None:
+            raise ValueError(
+                "Samplers with drop_last=True must work with a prescribed batch_size: pass "
+                "batch_size to the ReplayBuffer"
+            )
+        super().rebuild()
 
     def _build(self, length: int | None) -> None:
         super()._build(length)
-        self._epoch, self._epoch_gen, self._cursor = EMPTY, EMPTY, 0
+        self._epoch.reset()
 
     def _new_epoch(self) -> None:
         index = self.index
+        tags = None
         if self.weighting == "trajectory":
-            items = self._trajs.members().copy()
-            items.sort()
+            items = np.sort(self._trajs.members())
+            tags = index.traj.a["gen"][items]
         elif self.strict_length:
             items = np.sort(index.global_position(self._ends.members()))
         else:
             items = np.arange(index.lo, index.write_count, dtype=I64)
-        if self.shuffle and items.size > 1:
-            items = items[torch.randperm(items.size, generator=self.generator).numpy()]
-        self._epoch = items
-        self._epoch_gen = index.traj.a["gen"][items] if self.weighting == "trajectory" else EMPTY
-        self._cursor = 0
+        self._epoch.start(items, tags, self.generator if self.shuffle else None)
 
-    def _valid(self, take: np.ndarray) -> np.ndarray:
+    def _valid(self, items: np.ndarray, tags: np.ndarray) -> np.ndarray:
         index = self.index
-        items = self._epoch[take]
         if self.weighting == "trajectory":
-            alive = index.traj.a["gen"][items] == self._epoch_gen[take]
+            alive = index.traj.a["gen"][items] == tags
             return alive & self._trajs.contains(items)
         live = items >= index.lo
         if self.strict_length:
             live[live] = self._ends.contains(items[live] % index.capacity)
         return live
 
-    def _take(self, count: int) -> np.ndarray:
-        """Up to ``count`` valid item positions of the current epoch."""
-        got: list[np.ndarray] = []
-        need = count
-        while need > 0 and self._cursor < self._epoch.size:
-            take = np.arange(self._cursor, min(self._cursor + need, self._epoch.size))
-            self._cursor = int(take[-1]) + 1
-            ok = take[self._valid(take)]
-            got.append(ok)
-            need -= ok.size
-        return np.concatenate(got) if got else EMPTY
-
     def _pick(
         self, count: int, length: int
     ) -> tuple[np.ndarray, np.ndarray | int, np.ndarray, np.ndarray]:
         index = self.index
         if len(index) == 0:
-            raise RuntimeError("cannot sample from an empty replay buffer")
+            raise self.empty_error()
         self.ran_out = False
-        if self._cursor >= self._epoch.size or (
-            self.drop_last and self._epoch.size - self._cursor < count
-        ):
+        if self._epoch.finished(count):
             self._new_epoch()
-        take = self._take(count)
-        if take.size == 0 or (self.drop_last and take.size < count):
+        items = self._epoch.take(count, self._valid)
+        if items.size == 0 or (self.drop_last and items.size < count):
             self._new_epoch()  # the rest of the epoch was stale
-            take = self._take(count)
-        if take.size == 0:
+            items = self._epoch.take(count, self._valid)
+        if items.size == 0:
             raise self._no_slice_error(length)
-        remaining = self._epoch.size - self._cursor
-        if remaining == 0 or (self.drop_last and remaining < count):
+        if self._epoch.finished(count):
             self.ran_out = True
-        items = self._epoch[take]
         if self.weighting == "trajectory":
             return self._end_in_trajectory(items, length)
         if self.strict_length:
@@ -467,13 +570,11 @@ class SliceSamplerWithoutReplacement(SliceSampler):
         out.update(drop_last=self.drop_last, shuffle=self.shuffle)
         return out
 
-    def state_dict(self) -> State:
-        out = super().state_dict()
-        out.update(epoch=self._epoch, epoch_gen=self._epoch_gen, cursor=self._cursor)
-        return out
+    def state(self) -> SliceWithoutReplacementState:
+        base = super().state()
+        return SliceWithoutReplacementState(**vars(base), epoch=self._epoch.state())
 
-    def load_state_dict(self, state: State) -> None:
-        super().load_state_dict(state)
-        self._epoch = np.asarray(state["epoch"], dtype=I64)
-        self._epoch_gen = np.asarray(state["epoch_gen"], dtype=I64)
-        self._cursor = int(state["cursor"])  # type: ignore[arg-type]
+    def restore(self, state: SamplerState) -> None:
+        state = expect_state(state, SliceWithoutReplacementState)
+        super().restore(state)
+        self._epoch.restore(state.epoch)

@@ -8,12 +8,12 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-from conftest import CountingEnv, counting_vec
 from gymnasium import spaces
 
 from splice import Collector
 from splice.envs import EnvError
 from splice.policies import PolicyError
+from splice.testing import CountingEnv, counting_vec
 
 
 @pytest.mark.parametrize(
@@ -21,7 +21,6 @@ from splice.policies import PolicyError
     [
         ({"frames_per_batch": 0}, "frames_per_batch"),
         ({"frames_per_batch": -5}, "frames_per_batch"),
-        ({"frames_per_batch": 2.5}, "frames_per_batch"),
         ({"frames_per_batch": 10, "total_frames": 0}, "total_frames"),
         ({"frames_per_batch": 10, "total_frames": -3}, "total_frames"),
         ({"frames_per_batch": 10, "traj_format": "cat"}, "traj_format only applies"),
@@ -43,6 +42,42 @@ from splice.policies import PolicyError
 def test_invalid_arguments(kwargs, match):
     with pytest.raises(ValueError, match=match):
         Collector(counting_vec([3]), **kwargs)
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "frames_per_batch",
+        "total_frames",
+        "max_frames_per_traj",
+        "init_random_frames",
+        "trajs_per_batch",
+        "seed",
+        "worker_id",
+    ],
+)
+@pytest.mark.parametrize("value", [True, False, 2.5, "4"])
+def test_count_arguments_refuse_bools_and_non_integers(name, value):
+    """Every argument that takes an int refuses a bool (``True`` is not a count) and any other
+    non-integer with a TypeError naming it (issue 11, item 12: ``seed=True`` was accepted)."""
+    kwargs = {"frames_per_batch": 10, name: value}
+    with pytest.raises(TypeError, match=name):
+        Collector(counting_vec([3]), **kwargs)
+    with pytest.raises(TypeError, match="num_envs"):
+        Collector("CartPole-v1", frames_per_batch=10, num_envs=value)
+
+
+def test_count_arguments_accept_numpy_integers():
+    c = Collector(
+        counting_vec([3]), frames_per_batch=np.int64(4), total_frames=np.int32(8), seed=np.int64(1)
+    )
+    assert [b.numel() for b in c] == [4, 4]
+    c.shutdown()
+
+
+def test_negative_seed_is_a_value_error():
+    with pytest.raises(ValueError, match="seed"):
+        Collector(counting_vec([3]), frames_per_batch=10, seed=-1)
 
 
 def test_invalid_kinds():
@@ -169,8 +204,10 @@ def test_unsupported_spaces():
             super().__init__()
             self.observation_space = spaces.Text(5)
 
-    with pytest.raises(TypeError, match="Text"):
-        Collector(TextEnv(), frames_per_batch=4)
+    # Text is carried (tests/envs/test_non_tensor.py), but not through split/assembly yet.
+    for option in ({"split_trajs": True}, {"trajs_per_batch": 2}):
+        with pytest.raises(ValueError, match=r"exclude_keys=\[\('observation',\)\]"):
+            Collector(TextEnv(), frames_per_batch=4, **option)
 
     class DictActionEnv(CountingEnv):
         def __init__(self):

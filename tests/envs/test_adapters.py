@@ -8,12 +8,12 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-from conftest import CountingEnv
 from gymnasium import spaces
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
 from splice import Collector
 from splice.envs import make_adapter
+from splice.testing import CountingEnv
 
 
 class SpaceEnv(gym.Env):
@@ -178,3 +178,26 @@ def test_envpool_like_vector_env():
     assert torch.equal(data["observation"][..., 0], torch.arange(30.0).expand(3, -1))
     with pytest.raises(ValueError, match="max_frames_per_traj"):
         Collector(EnvpoolLike(), frames_per_batch=3, max_frames_per_traj=2)
+
+
+def test_envpool_async_mode_is_refused_up_front():
+    class AsyncEnvpool(EnvpoolLike):
+        """envpool made with batch_size < num_envs: steps return a subset of the envs."""
+
+        is_async = True
+
+        @property
+        def config(self):
+            return {"num_envs": 3, "batch_size": 2}
+
+    with pytest.raises(ValueError, match=r"async mode \(batch_size=2 < num_envs=3\)"):
+        Collector(AsyncEnvpool(), frames_per_batch=6)
+
+    class ConfigOnly(EnvpoolLike):
+        config = {"num_envs": 3, "batch_size": 1}  # noqa: RUF012
+
+    with pytest.raises(ValueError, match="async mode"):
+        Collector(ConfigOnly(), frames_per_batch=6)
+    sync = EnvpoolLike()
+    sync.config = {"num_envs": 3, "batch_size": 3}
+    Collector(sync, frames_per_batch=6).shutdown()

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -173,9 +177,10 @@ def test_empty_batch() -> None:
     ("td", "match"),
     [
         (TensorDict({"x": torch.zeros(3)}, [3]), "no trajectory ids at .*'traj_ids'.* no done"),
-        (TensorDict({TRAJ_IDS: torch.zeros(3)}, [3]), "must be integers, got torch.float32"),
-        (TensorDict({TRAJ_IDS: torch.zeros(3, dtype=torch.bool)}, [3]), "must be integers"),
-        (TensorDict({TRAJ_IDS: torch.zeros(3, 1, dtype=torch.long)}, [3]), r"expected shape \[3\]"),
+        (TensorDict({TRAJ_IDS: torch.zeros(3)}, [3]), "integer dtype .* got dtype torch.float32"),
+        (TensorDict({TRAJ_IDS: torch.zeros(3, dtype=torch.bool)}, [3]), "integer dtype"),
+        (TensorDict({TRAJ_IDS: torch.zeros(3, dtype=torch.complex64)}, [3]), "integer dtype"),
+        (TensorDict({TRAJ_IDS: torch.zeros(3, 1, dtype=torch.long)}, [3]), r"shape \[3\], got"),
         (TensorDict({DONE: torch.zeros(2, 1, dtype=torch.bool)}, [2]), None),
         (TensorDict({TRAJ_IDS: torch.tensor(1)}, []), "at least one"),
     ],
@@ -186,6 +191,21 @@ def test_bad_input_raises_a_clear_error(td: TensorDict, match: str | None) -> No
         return
     with pytest.raises(LayoutError, match=match):
         split_trajectories(td)
+
+
+@pytest.mark.parametrize("fn", [split_trajectories, cat_trajectories])
+def test_a_dict_is_refused_with_a_type_error(fn) -> None:
+    """Issue 10, bug 5: a plain dict gave ``AttributeError: 'dict' object has no attribute
+    'ndim'``; a public function names the wrong type instead."""
+    with pytest.raises(TypeError, match="expects a TensorDict, got dict"):
+        fn({"observation": torch.zeros(3), TRAJ_IDS: torch.zeros(3, dtype=torch.long)})
+
+
+def test_int32_ids_are_read_as_int64_and_kept_in_the_output() -> None:
+    ids = torch.tensor([[3, 3, 5], [4, 4, 4]], dtype=torch.int32)
+    out = split_trajectories(TensorDict({TRAJ_IDS: ids}, [2, 3]))
+    assert out[TRAJ_IDS].dtype == torch.int32
+    assert out[TRAJ_IDS].tolist() == [[3, 3, -1], [5, -1, -1], [4, 4, 4]]
 
 
 def test_bad_nested_argument() -> None:
@@ -215,7 +235,7 @@ def test_input_is_not_modified() -> None:
 
 
 def test_cut_flag_survives_the_split() -> None:
-    batch = synthetic_rollout(2, 20, 5.0, seed=1)
+    batch = synthetic_rollout(2, 20, 5.0, seed=2)  # both rows end in a cut
     out = split_trajectories(batch)
     # Cut fragments are exactly the rows whose last real step carries the cut flag.
     lengths = out[MASK].sum(1)
@@ -228,3 +248,109 @@ def test_non_tensor_entries_are_refused_by_name() -> None:
     td.set_non_tensor("note", "hello")
     with pytest.raises(LayoutError, match=r"key 'note' holds .*not a tensor"):
         split_trajectories(td)
+
+
+# ------------------------------------------------------ batches without real steps (issue 11)
+def _no_real_steps() -> dict[str, TensorDict]:
+    """Batches with nothing to split: empty ``[0]``, empty ``[B, 0]`` (ids or done flags), and
+    all padding."""
+    obs = {"observation": torch.zeros(2, 3, 4)}
+    return {
+        "empty [0]": TensorDict({TRAJ_IDS: torch.zeros(0, dtype=torch.int64)}, [0]),
+        "empty [B, 0]": TensorDict(
+            {TRAJ_IDS: torch.zeros(2, 0, dtype=torch.int64), "observation": torch.zeros(2, 0, 4)},
+            [2, 0],
+        ),
+        "empty [B, 0], done only": TensorDict(
+            {DONE: torch.zeros(2, 0, 1, dtype=torch.bool), "observation": torch.zeros(2, 0, 4)},
+            [2, 0],
+        ),
+        "all padding [2, 3]": TensorDict({TRAJ_IDS: torch.full((2, 3), -1), **obs}, [2, 3]),
+        "all masked [2, 3]": TensorDict(
+            {TRAJ_IDS: torch.zeros(2, 3, dtype=torch.int64), MASK: torch.zeros(2, 3).bool(), **obs},
+            [2, 3],
+        ),
+    }
+
+
+@pytest.mark.parametrize("case", list(_no_real_steps()))
+def test_batch_without_real_steps_gives_an_empty_padded_and_jagged_output(case: str) -> None:
+    batch = _no_real_steps()[case]
+    padded = split_trajectories(batch)
+    assert padded.batch_size == torch.Size([0, 0])
+    mask_key = MASK if "collector" in batch.keys() else "mask"  # done only: top-level keys
+    assert padded[mask_key].shape == (0, 0)
+    if "observation" in batch.keys():
+        assert padded["observation"].shape == (0, 0, 4)  # the per-step shape is kept
+    jagged = split_trajectories(batch, as_nested=torch.jagged)
+    assert jagged.batch_size == torch.Size([0])
+    for out in (padded, jagged):  # and both round-trip to an empty flat batch
+        assert cat_trajectories(out).batch_size == torch.Size([0])
+
+
+_CRASH_SCRIPT = """
+import sys, torch
+from tensordict import TensorDict
+from splice import split_trajectories
+from splice.layout import TRAJ_IDS
+batch = {
+    "all padding": TensorDict({TRAJ_IDS: torch.full((2, 3), -1)}, [2, 3]),
+    "empty": TensorDict({TRAJ_IDS: torch.zeros(0, dtype=torch.int64)}, [0]),
+}[sys.argv[1]]
+try:
+    split_trajectories(batch, as_nested=True)
+except ValueError as error:
+    print("ValueError:", error)
+"""
+
+
+@pytest.mark.parametrize("case", ["all padding", "empty"])
+def test_strided_nested_split_without_real_steps_is_a_clear_error_not_a_segfault(case) -> None:
+    """``as_nested=True`` on an all-padding ``[2, 3]`` or an empty ``[0]`` batch segfaulted
+    (torch cannot view a buffer as a zero-row strided nested tensor); run in a subprocess so a
+    regression cannot kill the test run."""
+    run = subprocess.run(
+        [sys.executable, "-c", _CRASH_SCRIPT, case],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
+    assert run.returncode == 0, f"exit {run.returncode} (-11 is SIGSEGV): {run.stderr[-2000:]}"
+    assert "ValueError: split_trajectories(as_nested=True): the batch has no real steps" in (
+        run.stdout
+    )
+    assert "torch.jagged" in run.stdout  # it says what to use instead
+
+
+# ------------------------------------------------------------ ids below -1 (issue 11, item 8)
+def test_ids_below_minus_one_are_refused_not_dropped_and_joined() -> None:
+    """``[0, 0, 0, 0, -7, 0, 0]`` was split into one row ``[0, 1, 2, 3, 5, 6]``: the -7 step
+    silently dropped and the steps around it joined. -1 is the only padding id."""
+    batch = TensorDict(
+        {TRAJ_IDS: torch.tensor([0, 0, 0, 0, -7, 0, 0]), "observation": torch.arange(7)}, [7]
+    )
+    with pytest.raises(LayoutError, match=r"traj_ids.*below -1, the first -7 at flat position 4"):
+        split_trajectories(batch)
+    with pytest.raises(LayoutError, match="below -1"):
+        split_trajectories(batch.reshape(1, 7), as_nested=torch.jagged)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(-3, 4), min_size=1, max_size=30))
+def test_split_refuses_exactly_the_batches_with_ids_below_minus_one(ids: list[int]) -> None:
+    batch = TensorDict(
+        {TRAJ_IDS: torch.tensor(ids), "observation": torch.arange(len(ids))}, [len(ids)]
+    )
+    if min(ids) < -1:
+        with pytest.raises(LayoutError, match="below -1"):
+            split_trajectories(batch)
+        return
+    out = split_trajectories(batch)
+    # Every real step exactly once, each row one id, in time order.
+    real = [i for i, x in enumerate(ids) if x >= 0]
+    assert sorted(out["observation"][out[MASK]].tolist()) == real
+    for row in out.unbind(0):
+        steps = row["observation"][row[MASK]].tolist()
+        assert steps == sorted(steps)
+        assert {ids[s] for s in steps} == {int(row[TRAJ_IDS][0])}

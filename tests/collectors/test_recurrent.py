@@ -5,11 +5,13 @@ from __future__ import annotations
 import gymnasium as gym
 import pytest
 import torch
-from conftest import counting_vec
 from gymnasium.vector import AutoresetMode
 from tensordict import TensorDict
 
-from splice import Collector
+from splice import Collector, TrajectoryIds
+from splice.collectors import RolloutLoop
+from splice.envs import make_adapter
+from splice.testing import counting_vec
 
 
 class GRUPolicy(torch.nn.Module):
@@ -52,11 +54,12 @@ def _by_hand(policy, batch):
 def test_state_carried_and_zeroed_like_by_hand(mode):
     policy = GRUPolicy()
     # length-1 episodes: NEXT_STEP needs twice the columns, so staging grows mid-batch
-    c = Collector(counting_vec([1, 5, 8], mode), policy, frames_per_batch=30, total_frames=120)
-    batches = list(c)
-    c.shutdown()
+    adapter = make_adapter(counting_vec([1, 5, 8], mode))
+    loop = RolloutLoop(adapter, policy, steps=10, ids=TrajectoryIds())
+    batches = [loop.collect() for _ in range(4)]
+    loop.close()
     if mode == AutoresetMode.NEXT_STEP:
-        assert c._loop._capacity > 2 * 10  # the staging did grow (T = 10)
+        assert loop.staging.capacity > 2 * 10  # the staging did grow (T = 10)
     data = torch.cat(batches, 1)
     with torch.no_grad():
         h_in, h_out, actions = _by_hand(policy, data)

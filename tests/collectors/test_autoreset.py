@@ -6,11 +6,11 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-from conftest import CountingEnv, counting_vec, parity_policy
 from gymnasium.vector import AutoresetMode
 from tensordict import TensorDict
 
 from splice import Collector, validate_batch
+from splice.testing import CountingEnv, counting_vec, threshold_policy
 
 MODES = [AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP, AutoresetMode.DISABLED]
 
@@ -25,7 +25,7 @@ def _cartpole_vec(mode: AutoresetMode, n: int = 4, **kw) -> gym.vector.VectorEnv
     )
 
 
-def _collect(env, policy=parity_policy, **kw) -> list[TensorDict]:
+def _collect(env, policy=threshold_policy, **kw) -> list[TensorDict]:
     kw.setdefault("frames_per_batch", 120)
     kw.setdefault("total_frames", 600)
     with Collector(env, policy, seed=3, worker_id=kw.pop("worker_id", 50), **kw) as c:

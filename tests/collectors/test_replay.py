@@ -7,7 +7,6 @@ import time
 import gymnasium as gym
 import pytest
 import torch
-from conftest import counting_vec
 from tensordict import TensorDictBase
 
 from splice import (
@@ -20,6 +19,7 @@ from splice import (
     SliceSampler,
 )
 from splice.layout import CUT, DONE, IS_INIT, MASK, TRAJ_IDS
+from splice.testing import counting_vec
 
 
 class GRUPolicy(torch.nn.Module):

@@ -156,7 +156,12 @@ def test_bad_input_leaves_state_unchanged() -> None:
         (make_batch([0, 0], [False, False]).exclude(DONE), "end-of-episode flag"),
         (make_batch([0, 0], [False, False]).set("extra", torch.zeros(2)), "unexpected"),
         (make_batch([0, 0], [False, False]).set("obs", torch.zeros(2)), "'obs'"),
-        (make_batch([0, 0], [False, False]).set(TRAJ_IDS, torch.zeros(2)), "integer ids"),
+        (make_batch([0, 0], [False, False]).set(TRAJ_IDS, torch.zeros(2)), "integer dtype"),
+        (
+            make_batch([0, 0], [False, False]).set(TRAJ_IDS, torch.zeros(2, dtype=torch.complex64)),
+            "integer dtype",
+        ),
+        (make_batch([0, 0], [False, False]).set(MASK, torch.ones(2)), "mask must have dtype"),
         (make_batch([0, 0], [False, False]).set(DONE, torch.zeros(2, 1)), "bool flag"),
         (make_batch([0, 0], [False, False]).unsqueeze(0).unsqueeze(0), r"\[T\] or \[B, T\]"),
     ]
@@ -164,6 +169,9 @@ def test_bad_input_leaves_state_unchanged() -> None:
         with pytest.raises(LayoutError, match=match):
             asm.ingest(batch)
         assert (len(asm), asm.frames_buffered, asm.num_in_flight) == snapshot
+    with pytest.raises(TypeError, match="expects a TensorDict, got dict"):
+        asm.ingest(dict(make_batch([0, 0], [False, False]).items()))
+    assert (len(asm), asm.frames_buffered, asm.num_in_flight) == snapshot
     asm.ingest(make_batch([0], [True]))
     assert asm.emit(1)["obs"].tolist() == [[0, 1, 0]]
 
@@ -253,3 +261,115 @@ def unpack(out: TensorDict, traj_format: str) -> list[TensorDict]:
     ends[:-1] = out[TRAJ_IDS][1:] != out[TRAJ_IDS][:-1]
     bounds = [0, *(ends.nonzero().squeeze(1) + 1).tolist()]
     return [out[a:b] for a, b in itertools.pairwise(bounds)]
+
+
+# ------------------------------------------------- ids are never reused (issue 11, item 10)
+def state(asm: TrajectoryAssembler) -> tuple[int, int, int]:
+    return len(asm), asm.num_in_flight, asm.frames_buffered
+
+
+def test_ingesting_a_batch_twice_is_refused_and_changes_nothing() -> None:
+    """Ingesting one batch twice used to queue its episodes twice: ``emit`` then returned rows
+    of length 0."""
+    batch = make_batch([0, 0, 1, 1, 1, 2], [False, True, False, False, True, False])
+    asm = TrajectoryAssembler()
+    assert asm.ingest(batch) == 2
+    before = state(asm)
+    with pytest.raises(LayoutError, match=r"trajectory id\(s\) \[0, 1\] that already completed"):
+        asm.ingest(batch)
+    assert state(asm) == before
+    out = asm.emit()
+    assert out[MASK].sum(1).tolist() == [2, 3]  # no empty rows
+    assert out["obs"][out[MASK]].tolist() == [0, 1, 2, 3, 4]
+
+
+def test_steps_for_an_emitted_episode_are_refused() -> None:
+    asm = TrajectoryAssembler()
+    asm.ingest(make_batch([0, 0, 1], [False, True, False]))
+    asm.emit(1)  # episode 0 leaves the assembler; its id stays used
+    before = state(asm)
+    with pytest.raises(LayoutError, match=r"\[0\] that already completed"):
+        asm.ingest(make_batch([1, 0], [False, False]))
+    assert state(asm) == before
+    asm.ingest(make_batch([1, 2], [True, False]))  # the assembler goes on normally
+    assert asm.emit(1)["obs"][0].tolist() == [2, 0]
+
+
+@pytest.mark.parametrize(
+    ("ids", "done"),
+    [
+        ([5, 5], [True, False]),  # the step right after the end
+        ([5, 5, 5], [True, False, True]),  # ... and a second end
+        ([5, 6, 5], [True, False, False]),  # the id comes back after another one
+        ([5, 6, 5], [True, False, True]),  # ... and ends again
+    ],
+)
+def test_steps_after_an_episode_end_in_the_same_batch_are_refused(ids, done) -> None:
+    asm = TrajectoryAssembler()
+    asm.ingest(make_batch([7], [False]))
+    before = state(asm)
+    with pytest.raises(LayoutError, match=r"\[5\] have steps after the step that ends them"):
+        asm.ingest(make_batch(ids, done))
+    assert state(asm) == before
+
+
+def test_reset_forgets_the_completed_ids() -> None:
+    asm = TrajectoryAssembler()
+    batch = make_batch([0, 0], [False, True])
+    asm.ingest(batch)
+    asm.reset()
+    assert asm.ingest(batch) == 1
+
+
+def test_ids_below_minus_one_are_refused() -> None:
+    asm = TrajectoryAssembler()
+    with pytest.raises(LayoutError, match="below -1, the first -7 at flat position 2"):
+        asm.ingest(make_batch([0, 0, -7, 0, 0], [False, False, False, False, True]))
+    assert state(asm) == (0, 0, 0)
+
+
+def test_batches_without_real_steps_add_nothing() -> None:
+    asm = TrajectoryAssembler()
+    asm.ingest(make_batch([3], [False]))
+    before = state(asm)
+    empty = TensorDict(
+        {
+            TRAJ_IDS: torch.zeros(2, 0, dtype=torch.int64),
+            DONE: torch.zeros(2, 0, 1, dtype=torch.bool),
+            "obs": torch.zeros(2, 0, dtype=torch.int64),
+        },
+        [2, 0],
+    )
+    assert asm.ingest(empty) == 0
+    assert asm.ingest(make_batch([-1, -1], [True, False])) == 0  # all padding
+    assert state(asm) == before
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    n_env=st.integers(1, 4),
+    n_steps=st.integers(2, 60),
+    mean_len=st.floats(1.0, 10.0),
+    chunk=st.integers(1, 20),
+    seed=st.integers(0, 1000),
+    data=st.data(),
+)
+def test_replaying_any_chunk_with_a_completed_id_is_refused_and_changes_nothing(
+    n_env, n_steps, mean_len, chunk, seed, data
+) -> None:
+    """Feed a collector-like stream, then ingest one of its earlier chunks again: refused
+    exactly when that chunk holds a step of an episode that has completed since."""
+    stream = synthetic_rollout(n_env, n_steps, mean_len, seed=seed, first_is_init=True)
+    batches = chunk_stream(stream, chunk, set_truncated=False)
+    upto = data.draw(st.integers(1, len(batches)))
+    again = batches[data.draw(st.integers(0, upto - 1))]
+    asm = TrajectoryAssembler()
+    completed: set[int] = set()
+    for batch in batches[:upto]:
+        asm.ingest(batch)
+        completed |= set(batch[TRAJ_IDS][batch[DONE][..., 0]].tolist())
+    before = state(asm)
+    if completed & set(again[TRAJ_IDS].reshape(-1).tolist()):
+        with pytest.raises(LayoutError, match="already completed"):
+            asm.ingest(again)
+        assert state(asm) == before

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import counting_vec
 
 from splice import Collector, TrajectoryIds
 from splice.collectors.ids import ID_BITS, MAX_WORKER_ID, worker_of
+from splice.testing import counting_vec
 
 
 def _episode_ids(batches) -> list[torch.Tensor]:

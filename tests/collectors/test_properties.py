@@ -4,13 +4,13 @@ stream of steps, cut into full batches, with one id per episode."""
 from __future__ import annotations
 
 import torch
-from conftest import counting_vec, parity_policy
 from gymnasium.vector import AutoresetMode
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from splice import Collector
 from splice.layout import CUT, DONE, IS_INIT, TRAJ_IDS
+from splice.testing import counting_vec, threshold_policy
 
 MODES = [AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP, AutoresetMode.DISABLED]
 
@@ -28,14 +28,14 @@ def test_stream_invariants(lengths, steps, n_batches, mode, max_len):
     kwargs = {"frames_per_batch": b * steps, "total_frames": b * steps * n_batches}
     with Collector(
         counting_vec(lengths, mode),
-        parity_policy,
+        threshold_policy,
         worker_id=80,
         max_frames_per_traj=max_len,
         **kwargs,
     ) as c:
         batches = list(c)
     with Collector(
-        counting_vec(lengths), parity_policy, worker_id=80, max_frames_per_traj=max_len, **kwargs
+        counting_vec(lengths), threshold_policy, worker_id=80, max_frames_per_traj=max_len, **kwargs
     ) as c:
         reference = list(c)  # NEXT_STEP
     assert len(batches) == n_batches

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import counting_vec
 from gymnasium.vector import AutoresetMode
 
 from splice import Collector
 from splice.layout import CUT, DONE, IS_INIT, MASK, TRAJ_IDS, TRUNCATED
+from splice.testing import counting_vec
 
 
 def _rows(batch, fmt):
@@ -86,6 +86,7 @@ def test_drop_incomplete_drops_only_in_flight_episodes():
     assert frames == 48
     assert all(not bool(b[CUT].any()) for b in out)
     assert c.dropped_trajs == 2
+    assert c.dropped_frames == c.frames - frames  # every collected frame is accounted for
     c.shutdown()
 
 

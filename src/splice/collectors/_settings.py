@@ -1,0 +1,208 @@
+"""The arguments every collector shares, checked in one place.
+
+:class:`CollectorSettings` validates (and normalizes) the arguments of
+:class:`~splice.Collector` that shape the data and the run; the multi-process and Ray
+collectors take the same arguments and check them with the same code. Each error names the
+argument: a ``TypeError`` for a value that is not an integer where a count is meant (a bool
+included: ``True`` is not a count), a ``ValueError`` for an integer out of range.
+
+Examples:
+    >>> settings = CollectorSettings.check(frames_per_batch=100, total_frames=None)
+    >>> settings.total_frames, settings.traj_format
+    (-1, 'padded')
+    >>> CollectorSettings.check(frames_per_batch=0)
+    Traceback (most recent call last):
+    ...
+    ValueError: frames_per_batch must be a positive int, got 0
+    >>> CollectorSettings.check(frames_per_batch=True)
+    Traceback (most recent call last):
+    ...
+    TypeError: frames_per_batch must be an int, got bool True
+"""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from tensordict.utils import NestedKey
+
+from splice.envs.infos import InfoKey, InfoKeysLike, parse_info_keys
+from splice.layout import OBSERVATION, TRAJ_FORMATS, TrajFormat, as_key_tuple
+from splice.policies import as_policy
+
+__all__ = ["CollectorSettings", "positive_int", "require_int"]
+
+
+def require_int(name: str, value: Any) -> int:
+    """``value`` as an ``int`` if it is an integer (numpy integers too), else a ``TypeError``
+    naming ``name``; bools are refused (``True`` is not a count)."""
+    if isinstance(value, bool | np.bool_) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+    return int(value)
+
+
+def positive_int(name: str, value: Any) -> int:
+    """``value`` if it is an int ``>= 1``: ``TypeError`` for a non-integer or a bool,
+    ``ValueError`` for an integer below 1 (each naming ``name``)."""
+    if require_int(name, value) < 1:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+    return int(value)
+
+
+@dataclass(frozen=True)
+class CollectorSettings:
+    """The checked run and data arguments of a collector (see :class:`~splice.Collector`);
+    build it with :meth:`check`."""
+
+    frames_per_batch: int
+    total_frames: int  # -1: no limit
+    max_frames_per_traj: int | None
+    init_random_frames: int
+    reset_at_each_iter: bool
+    split_trajs: bool
+    set_truncated: bool
+    trajs_per_batch: int | None
+    traj_format: TrajFormat
+    drop_incomplete: bool
+    info_keys: tuple[InfoKey, ...] = ()
+    exclude_keys: tuple[tuple[str, ...], ...] = ()
+
+    def check_non_tensor(self, keys: list[tuple[str, ...]]) -> None:
+        """Refuse, up front, the options that cannot carry the env's non-tensor entries yet
+        (``keys``, e.g. MiniGrid's ``("observation", "mission")``): ``split_trajs`` and
+        ``trajs_per_batch`` (the trajectory ops hold tensors only).
+
+        Raises:
+            ValueError: naming the keys and the option, suggesting ``exclude_keys``.
+        """
+        option = (
+            "split_trajs"
+            if self.split_trajs
+            else "trajs_per_batch"
+            if self.trajs_per_batch is not None
+            else None
+        )
+        if keys and option:
+            raise ValueError(
+                f"the env's observation has non-tensor entries {keys} (text or another space "
+                f"without a tensor form), which {option} cannot carry yet; leave them out with "
+                f"exclude_keys={keys}"
+            )
+
+    @classmethod
+    def check(
+        cls,
+        *,
+        frames_per_batch: int,
+        total_frames: int | None = -1,
+        max_frames_per_traj: int | None = None,
+        init_random_frames: int | None = None,
+        reset_at_each_iter: bool = False,
+        split_trajs: bool = False,
+        set_truncated: bool = False,
+        trajs_per_batch: int | None = None,
+        traj_format: TrajFormat | None = None,
+        drop_incomplete: bool = False,
+        replay_buffer: Any = None,
+        policy: Any = None,
+        info_keys: InfoKeysLike | None = None,
+        exclude_keys: Sequence[NestedKey] | None = None,
+        seed: int | None = None,
+    ) -> CollectorSettings:
+        """Check the arguments (``replay_buffer``, ``policy`` and ``seed`` too, which are not
+        kept) and normalize them: ``total_frames=None`` becomes ``-1`` (no limit),
+        ``init_random_frames=None`` becomes 0, ``traj_format=None`` becomes ``"padded"``,
+        ``info_keys`` a tuple of :class:`~splice.envs.infos.InfoKey` and ``exclude_keys`` a
+        tuple of key tuples.
+
+        Raises:
+            ValueError: a bad value, or arguments that cannot be combined (the message names
+                them).
+            TypeError: a count that is not an int (a bool included), a ``replay_buffer``
+                without ``extend``, a ``policy`` that :func:`~splice.policies.as_policy` does
+                not accept, or malformed ``info_keys``/``exclude_keys``.
+        """
+        frames_per_batch = positive_int("frames_per_batch", frames_per_batch)
+        total = -1 if total_frames is None else require_int("total_frames", total_frames)
+        if total < 1 and total != -1:
+            raise ValueError(
+                f"total_frames must be a positive int, or -1/None for no limit; got {total!r}"
+            )
+        if max_frames_per_traj is not None:
+            max_frames_per_traj = positive_int("max_frames_per_traj", max_frames_per_traj)
+        random_frames = (
+            0
+            if init_random_frames is None
+            else require_int("init_random_frames", init_random_frames)
+        )
+        if random_frames < 0:
+            raise ValueError(
+                f"init_random_frames must be a non-negative int or None, got {init_random_frames!r}"
+            )
+        if seed is not None and require_int("seed", seed) < 0:
+            raise ValueError(f"seed must be a non-negative int or None, got {seed!r}")
+        if trajs_per_batch is not None:
+            trajs_per_batch = positive_int("trajs_per_batch", trajs_per_batch)
+            if split_trajs:
+                raise ValueError(
+                    "split_trajs and trajs_per_batch are exclusive: trajs_per_batch already "
+                    "yields one episode per row"
+                )
+            if reset_at_each_iter:
+                raise ValueError(
+                    "reset_at_each_iter cannot be combined with trajs_per_batch: episodes longer "
+                    "than one batch would never complete (only short episodes would be emitted)"
+                )
+        if traj_format is not None:
+            if trajs_per_batch is None:
+                raise ValueError(
+                    "traj_format only applies with trajs_per_batch; set trajs_per_batch=N"
+                )
+            if traj_format not in TRAJ_FORMATS:
+                raise ValueError(f"traj_format must be 'padded' or 'cat', got {traj_format!r}")
+        if replay_buffer is not None and not callable(getattr(replay_buffer, "extend", None)):
+            raise TypeError(
+                "replay_buffer must have an extend(batch) method; "
+                f"got {type(replay_buffer).__name__}"
+            )
+        as_policy(policy)  # raises the TypeError that lists what is accepted
+        return cls(
+            frames_per_batch=frames_per_batch,
+            total_frames=total,
+            max_frames_per_traj=max_frames_per_traj,
+            init_random_frames=random_frames,
+            reset_at_each_iter=reset_at_each_iter,
+            split_trajs=split_trajs,
+            set_truncated=set_truncated,
+            trajs_per_batch=trajs_per_batch,
+            traj_format=traj_format or "padded",
+            drop_incomplete=drop_incomplete,
+            info_keys=tuple(parse_info_keys(info_keys)),
+            exclude_keys=_exclude_keys(exclude_keys),
+        )
+
+
+def _exclude_keys(keys: Sequence[NestedKey] | None) -> tuple[tuple[str, ...], ...]:
+    if keys is None:
+        return ()
+    if isinstance(keys, str | tuple):
+        raise TypeError(
+            f"exclude_keys must be a list of keys, got {keys!r}; e.g. "
+            "exclude_keys=[('observation', 'mission')]"
+        )
+    out = []
+    for key in keys:
+        if not isinstance(key, str | tuple):
+            raise TypeError(f"exclude_keys entries must be str or tuples of str, got {key!r}")
+        full = as_key_tuple(key)
+        if full[0] != OBSERVATION:
+            raise ValueError(
+                f"exclude_keys entry {key!r} is not an observation key: observation keys start "
+                f"with {OBSERVATION!r}, e.g. ('observation', 'mission')"
+            )
+        out.append(full)
+    return tuple(out)

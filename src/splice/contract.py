@@ -1,0 +1,238 @@
+"""The batch contract in code: one function flattens and checks a batch of steps.
+
+Every layer that reads batches of steps — :func:`~splice.split_trajectories` and
+:func:`~splice.cat_trajectories`, :class:`~splice.TrajectoryAssembler` and
+:meth:`ReplayBuffer.extend <splice.ReplayBuffer.extend>` — goes through
+:func:`flatten_steps`, so a batch that one layer accepts is accepted by the next, with the same
+errors for the same faults:
+
+* the batch is a :class:`~tensordict.TensorDictBase` (anything else: ``TypeError``) with at
+  least one batch dim, and only tensor leaves;
+* it is flattened **env-major**: ``[..., B, T] -> [N]``, each env row's ``T`` steps
+  consecutive and in time order;
+* trajectory ids (at the caller's key): any integer dtype, shape equal to the batch shape,
+  cast **once** to int64; ``-1`` marks padding and an id below ``-1`` is refused
+  (:func:`~splice.layout.check_trajectory_ids`);
+* the mask (at the caller's key): bool, shape equal to the batch shape; False marks padding;
+* step flags (done, terminated, truncated, the collector's cut): bool, shape ``[*batch]`` or
+  ``[*batch, ...]`` (reduced with ``any`` over the trailing dims);
+* a batch without steps (``[0]``, ``[B, 0]``) is valid: it flattens to ``N = 0``.
+
+Faults raise :class:`~splice.layout.LayoutError` (a ``ValueError``) naming the key, the
+expected and the actual dtype and shape. Nothing is mutated.
+
+Examples:
+    >>> import torch
+    >>> from tensordict import TensorDict
+    >>> from splice.contract import flatten_steps
+    >>> batch = TensorDict(
+    ...     {
+    ...         ("collector", "traj_ids"): torch.tensor([[0, 0, -1], [1, 1, 1]], dtype=torch.int32),
+    ...         ("next", "done"): torch.tensor([[[False], [True], [False]]] * 2),
+    ...     },
+    ...     batch_size=[2, 3],
+    ... )
+    >>> steps = flatten_steps(batch, ids_key=("collector", "traj_ids"))
+    >>> steps.n, steps.n_envs, steps.ids.dtype
+    (6, 2, torch.int64)
+    >>> steps.real.tolist()  # the -1 id is padding
+    [True, True, False, True, True, True]
+    >>> steps.flag(("next", "done")).tolist()
+    [False, True, False, False, True, False]
+    >>> flatten_steps({"observation": torch.zeros(3)})
+    Traceback (most recent call last):
+      ...
+    TypeError: a batch must be a TensorDict, got dict
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+import torch
+from tensordict import TensorDictBase
+from tensordict.utils import NestedKey
+from torch import Tensor
+
+from splice._gather import take_rows
+from splice.layout import (
+    Key,
+    LayoutError,
+    as_key_tuple,
+    check_trajectory_ids,
+    fmt_key,
+    is_integer_dtype,
+    tensor_leaves,
+)
+
+__all__ = ["Steps", "flatten_steps", "read_ids"]
+
+
+@dataclass(frozen=True)
+class Steps:
+    """A batch of steps, flattened env-major and checked (see the module docs).
+
+    Attributes:
+        columns: every tensor leaf except the mask, ``[N, *per-step shape]``.
+        batch_shape: the input's batch shape (``[N]``, ``[B, T]``, ``[..., B, T]``).
+        ids_key: where the ids were read (None: the batch has none, or none were asked for).
+        ids: ``[N]`` int64 trajectory ids, or None.
+        mask: ``[N]`` bool, the input's mask (None: the batch has no mask).
+        real: ``[N]`` bool, True on real steps (mask True and id ``>= 0``); None when every
+            step is real.
+    """
+
+    columns: dict[Key, Tensor]
+    batch_shape: torch.Size
+    ids_key: Key | None = None
+    ids: Tensor | None = None
+    mask: Tensor | None = None
+    real: Tensor | None = None
+
+    @property
+    def n(self) -> int:
+        """Steps in the batch, padding included (until :meth:`without_padding`)."""
+        return self.batch_shape.numel()
+
+    @property
+    def n_envs(self) -> int:
+        """Env rows: the product of all batch dims but the last (1 for a flat batch)."""
+        return self.batch_shape[:-1].numel()
+
+    @property
+    def steps_per_env(self) -> int:
+        """``T``, the last batch dim."""
+        return self.batch_shape[-1]
+
+    @property
+    def has_padding(self) -> bool:
+        return self.real is not None
+
+    def flag(self, key: NestedKey) -> Tensor | None:
+        """The bool ``[N]`` step flag at ``key`` (any over trailing dims), or None if absent.
+
+        Raises:
+            LayoutError: the flag is not bool.
+        """
+        key = as_key_tuple(key)
+        value = self.columns.get(key)
+        if value is None:
+            return None
+        if value.dtype != torch.bool:
+            raise LayoutError(
+                f"key {fmt_key(key)}: expected a bool flag of shape {list(self.batch_shape)} or "
+                f"{[*self.batch_shape, 1]}, got dtype {value.dtype} and shape "
+                f"{[*self.batch_shape, *value.shape[1:]]}"
+            )
+        if value.dim() == 1:
+            return value
+        # Not reshape(n, -1): -1 is ambiguous when the batch has no steps.
+        return value.reshape(value.shape[0], math.prod(value.shape[1:])).any(1)
+
+    def take(self, rows: Tensor) -> Steps:
+        """The steps at flat positions ``rows`` (int64), as a flat batch."""
+        return Steps(
+            columns={k: take_rows(v, rows) for k, v in self.columns.items()},
+            batch_shape=torch.Size([rows.numel()]),
+            ids_key=self.ids_key,
+            ids=None if self.ids is None else self.ids[rows],
+            mask=None if self.mask is None else self.mask[rows],
+            real=None,
+        )
+
+    def without_padding(self) -> Steps:
+        """The real steps only, as a flat batch (``self`` when there is no padding)."""
+        if self.real is None:
+            return self
+        out = self.take(self.real.nonzero().squeeze(1))
+        return replace(out, mask=None)
+
+
+def read_ids(value: Tensor, key: NestedKey, batch_shape: torch.Size) -> Tensor:
+    """Trajectory ids as int64 (cast once), after checking their dtype, shape and values
+    (``>= -1``: :func:`~splice.layout.check_trajectory_ids`).
+
+    Args:
+        value: the ids as stored in the batch.
+        key: their key (for messages).
+        batch_shape: the batch shape they must have.
+
+    Raises:
+        LayoutError: not an integer dtype (float, bool or complex), not the batch shape, or
+            an id below ``-1``.
+
+    Examples:
+        >>> import torch
+        >>> read_ids(torch.tensor([3, 3, 4], dtype=torch.int16), "traj", torch.Size([3]))
+        tensor([3, 3, 4])
+        >>> read_ids(torch.tensor([3.0]), "traj", torch.Size([1]))  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+          ...
+        splice.layout.LayoutError: key 'traj': trajectory ids must have an integer dtype ...
+    """
+    if not is_integer_dtype(value.dtype) or value.shape != batch_shape:
+        raise LayoutError(
+            f"key {fmt_key(key)}: trajectory ids must have an integer dtype and shape "
+            f"{list(batch_shape)}, got dtype {value.dtype} and shape {list(value.shape)}"
+        )
+    check_trajectory_ids(value, key)
+    return value.to(torch.int64)
+
+
+def flatten_steps(
+    td: TensorDictBase,
+    *,
+    ids_key: NestedKey | None = None,
+    mask_key: NestedKey | None = None,
+    context: str = "a batch",
+) -> Steps:
+    """Flatten ``td`` env-major and check it against the batch contract (module docs).
+
+    Args:
+        td: the batch.
+        ids_key: key of the trajectory ids, if the caller uses ids (absent: ``ids`` is None).
+        mask_key: key of the mask, if the caller honours one (absent: no mask).
+        context: what the batch is for, in error messages.
+
+    Returns:
+        The flat columns (the mask excluded), the int64 ids and which steps are real.
+
+    Raises:
+        TypeError: ``td`` is not a TensorDict.
+        LayoutError: no batch dim, a non-tensor leaf, ids or mask of the wrong dtype or shape.
+    """
+    if not isinstance(td, TensorDictBase):
+        raise TypeError(f"{context} must be a TensorDict, got {type(td).__name__}")
+    if td.ndim == 0:
+        raise LayoutError(
+            f"{context} needs at least one batch dimension ([N], [B, T] or padded [N, T]), got "
+            "batch shape []"
+        )
+    batch = td.batch_size
+    n, ndim = batch.numel(), len(batch)
+    mkey = None if mask_key is None else as_key_tuple(mask_key)
+    ikey = None if ids_key is None else as_key_tuple(ids_key)
+    columns: dict[Key, Tensor] = {}
+    mask: Tensor | None = None
+    for key, value in tensor_leaves(td, context=context):
+        if key == mkey:
+            if value.dtype != torch.bool or value.shape != batch:
+                raise LayoutError(
+                    f"key {fmt_key(key)}: the mask must have dtype torch.bool and shape "
+                    f"{list(batch)}, got dtype {value.dtype} and shape {list(value.shape)}"
+                )
+            mask = value.reshape(n)
+            continue
+        columns[key] = value if ndim == 1 else value.reshape(n, *value.shape[ndim:])
+    ids = None
+    if ikey is not None and ikey in columns:
+        ids = read_ids(td.get(ikey), ikey, batch).reshape(n)
+    else:
+        ikey = None
+    real = None if ids is None else ids >= 0
+    if mask is not None:
+        real = mask if real is None else real & mask
+    if real is not None and bool(real.all()):
+        real = None
+    return Steps(columns, batch, ikey, ids, mask, real)
