@@ -115,6 +115,9 @@ def test_ppo_run_writes_summary_and_curve(tmp_path: Path, capsys: pytest.Capture
     assert summary["frames"] >= 6144 and summary["updates"] > 0
     assert len(summary["final_returns"]) == 20 and len(summary["last_returns"]) == 20
     assert summary["final_mean"] > 0 and summary["last_mean"] > 0
+    best = max(summary["curve"], key=lambda p: p["eval_return"])  # the kept checkpoint
+    assert summary["kept_eval_return"] == best["eval_return"]
+    assert summary["kept_frames"] in [p["frames"] for p in summary["curve"]]
     assert summary["curve"] and "eval_return" in summary["curve"][0]
     assert (tmp_path / "learning_curve.png").stat().st_size > 1000
     out = capsys.readouterr().out
