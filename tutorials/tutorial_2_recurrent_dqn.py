@@ -256,16 +256,19 @@ fig.tight_layout()
 # Recorded runs: recurrent vs naive windows vs MLP
 # ------------------------------------------------
 #
-# The runs below were recorded with the project's main job, three seeds per agent, each
-# 150,000 frames on a 2-core CPU machine (the summaries are in ``docs/_data/repeat_first``)::
+# The runs below were recorded with the project's main job, three seeds per agent, on a
+# 2-core CPU machine shared with other jobs (the summaries are in
+# ``docs/_data/repeat_first``)::
 #
 #     splice train --env popgym-RepeatFirstEasy-v0 --gamma 0.9 --reward-scale 50 \
-#         --agent recurrent --seed 0 --output docs/_data/repeat_first/recurrent_s0
-#     # ... and --agent naive, --agent mlp, for seeds 0, 1 and 2
+#         --frames 100000 --time-limit 1500 --agent recurrent --seed 0 \
+#         --output docs/_data/repeat_first/recurrent_s0
+#     # ... and --agent naive, for seeds 0, 1 and 2; --agent mlp with --frames 30000
 #
 # Each summary holds the learning curve (a greedy evaluation on 20 episodes every 5,000
 # frames) and two final evaluations on 20 fresh episodes: the *kept* model (the checkpoint
-# with the best periodic evaluation) and the *last* weights.
+# with the best periodic evaluation) and the *last* weights. The memoryless MLP, which
+# cannot do better than guessing on this task whatever it learns, got a shorter budget.
 
 RESULTS = next(
     p
@@ -279,30 +282,40 @@ for path in sorted(RESULTS.glob("*/summary.json")):
 
 fig, ax = plt.subplots(figsize=(8, 4))
 for color, (agent, summaries) in zip(["C0", "C3", "C7"], runs.items(), strict=True):
-    n = min(len(s["curve"]) for s in summaries)
+    for s in summaries:  # each seed, thin
+        curve = s["curve"]
+        ax.plot([p["frames"] for p in curve], [p["eval_return"] for p in curve], color=color,
+                linewidth=0.8, alpha=0.45)  # fmt: skip
+    n = min(len(s["curve"]) for s in summaries)  # the mean, up to the shortest run
     frames = [p["frames"] for p in summaries[0]["curve"][:n]]
     evals = np.array([[p["eval_return"] for p in s["curve"][:n]] for s in summaries])
-    ax.plot(frames, evals.mean(0), color=color, label=agent)
-    ax.fill_between(frames, evals.min(0), evals.max(0), color=color, alpha=0.2)
-ax.axhline(0.9, color="grey", linestyle="--", linewidth=0.8, label="solved (0.9)")
+    ax.plot(
+        frames, evals.mean(0), color=color, linewidth=2.2, label=f"{agent} (mean)"
+    )
+ax.axhline(
+    0.8, color="grey", linestyle="--", linewidth=0.8, label="solved (90% right)"
+)
 ax.axhline(-0.5, color="grey", linestyle=":", linewidth=0.8, label="guessing")
 ax.set_xlabel("frames collected")
 ax.set_ylabel("normalised return (greedy)")
-ax.set_title(
-    "RepeatFirst: mean of 3 seeds (line) and their range (band)", fontsize=10
-)
-ax.legend(loc="center right")
+ax.set_ylim(-1.05, 1.05)
+ax.set_title("RepeatFirst: greedy evaluations, 3 seeds per agent (thin) and their mean (thick)",
+             fontsize=10)  # fmt: skip
+ax.legend(loc="upper left", fontsize=8)
 fig.tight_layout()
 
 # %%
-# The final evaluations, per seed:
+# The final evaluations, per seed (returns in ``[-1, 1]``; training time is wall-clock on
+# the shared machine, CPU time is what the run itself used):
 
-lines = [f"{'agent':<10} {'seed':>4} {'kept':>7} {'last':>7} {'minutes':>8}"]
+lines = [
+    f"{'agent':<10} {'seed':>4} {'frames':>7} {'kept':>7} {'last':>7} {'minutes':>8} {'CPU min':>8}"
+]
 for agent, summaries in runs.items():
     for s in summaries:
         lines.append(
-            f"{agent:<10} {s['config']['seed']:>4} {s['final_mean']:>7.3f} "
-            f"{s['last_mean']:>7.3f} {s['wall_seconds'] / 60:>8.1f}"
+            f"{agent:<10} {s['config']['seed']:>4} {s['frames']:>7} {s['final_mean']:>7.3f} "
+            f"{s['last_mean']:>7.3f} {s['train_seconds'] / 60:>8.1f} {s['cpu_seconds'] / 60:>8.1f}"
         )
 print("\n".join(lines))
 
@@ -310,33 +323,52 @@ print("\n".join(lines))
 # What the results say
 # --------------------
 #
-# We call the task solved at a normalised return of 0.9 (90% of the maximum: 95% of the
-# answers right).
+# popgym's return counts right answers minus wrong ones, so a return ``R`` means a
+# fraction ``(R + 1) / 2`` of right answers: 25% for guessing, 100% for a perfect agent. We
+# call the task solved at 90% of the answers right (a return of 0.8), and compare the
+# agents on that fraction, averaged over seeds, from the last weights:
 
 last = {agent: np.mean([s["last_mean"] for s in runs[agent]]) for agent in runs}
-assert all(s["last_mean"] >= 0.9 for s in runs["recurrent"])  # solved, every seed
-assert last["naive"] <= 0.7 * last["recurrent"]  # naive: at least 30% lower
-{agent: round(float(value), 3) for agent, value in last.items()}
+right = {agent: (value + 1) / 2 for agent, value in last.items()}
+assert right["naive"] <= 0.7 * right["recurrent"]  # naive windows: at least 30% lower
+{agent: f"{right[agent]:.0%} right" for agent in runs}
 
 # %%
-# * The **recurrent** agent trained on splice's slices solves RepeatFirst in every seed:
-#   once it has learned to hold the first card, it names it at (nearly) every step.
-# * The **naive windows** agent — the same network, the same data, the same budget — does
-#   not: most of the steps it trains on cannot see the card they are asked about, and the
-#   windows that cross an episode end teach it to keep the previous episode's card. Its
-#   greedy policy stays close to guessing.
-# * The **MLP** has no memory at all and stays at guessing level: this is the floor.
+# * The **recurrent** agent trained on splice's slices learns to hold the first card. Its
+#   last weights scored 0.27, 0.99 and 1.00 for seeds 0, 1 and 2 (kept models 0.31, 1.00
+#   and 1.00): seeds 1 and 2 solved the task (first greedy evaluation at 0.8 or more after
+#   90,000 and 95,000 frames); seed 0 left guessing level only after 85,000 frames and was
+#   still climbing when its budget ended (its last training episodes averaged 0.73). On
+#   average that is 88% of the answers right: two seeds of three solved, the third on its
+#   way, short of our 90% threshold on average.
+# * The **naive windows** agent — the same network, the same recipe — stays at guessing
+#   level: last weights -0.33, -0.35 and -0.62, 28% of the answers right on average. Most of
+#   the steps it trains on cannot see the card they are asked about, and the windows that
+#   cross an episode end teach it to keep the previous episode's card. Its runs used more
+#   CPU per frame, and two of them stopped at the 25-minute cap after 86,000 and 78,000
+#   frames (the third ran its 100,000 and ended at -0.62); at 75,000 frames, where every
+#   run of both agents had an evaluation, the recurrent agent's evaluations were -0.52, 0.36
+#   and 0.24, the naive agent's -0.41, -0.76 and -0.23.
+# * The **MLP** has no memory, so whatever it learns it can only guess: -0.32, -0.37 and
+#   -0.80 after 30,000 frames, the floor. A greedy evaluation of 20 episodes is noisy here: a
+#   policy that always names the same suit scores +1 or -1 per episode, so a mean of 20
+#   such episodes has a standard error of about 0.2 around -0.5.
+#
+# All runs were recorded on a 2-core machine shared with other jobs (load average 9 to 17):
+# each got about a seventh of a core, so 100,000 frames took 19 to 23 minutes of wall time
+# but 2.9 to 3.0 minutes of CPU time for the recurrent agent (3.2 to 4.2 for the naive one),
+# well within 10 minutes on a machine of its own.
 #
 # On an easier memory task the gap can vanish. On velocity-masked CartPole (the default
 # task of ``splice train``) the velocities can be inferred from the last two or three
 # observations, so a zero initial state costs a window only its first steps, and once the
 # agent balances the pole its episodes are hundreds of steps long, so few windows cross an
 # episode end. There, naive windows do about as well as the recurrent agent: in runs
-# recorded with an earlier version of the recipe (constant learning rate; summaries in
-# ``docs/_data/r2d2``) their kept models scored 488, 500 and 471 out of 500 against the
-# recurrent agent's 500, 468 and 496, while the MLP stayed near 44. The information
-# RepeatFirst needs lies further back than a window reaches, and across an episode end it
-# is wrong: that is where assembling whole trajectories decides the result.
+# recorded with an earlier version of the recipe (summaries in ``docs/_data/r2d2``) their
+# kept models scored 488, 500 and 471 out of 500 against the recurrent agent's 500, 468
+# and 496, while the MLP stayed near 44. The information RepeatFirst needs lies further
+# back than a window reaches, and across an episode end it is wrong: that is where
+# assembling whole trajectories decides the result.
 #
 # Run it yourself
 # ---------------
@@ -361,8 +393,9 @@ assert last["naive"] <= 0.7 * last["recurrent"]  # naive: at least 30% lower
 #   starts and stores with every step;
 # * sampling sequences that stay inside one episode, with burn-in and the stored state,
 #   from a :class:`~splice.ReplayBuffer` with a :class:`~splice.SliceSampler`;
-# * a recurrent DQN trained that way, which solves the task, against the same network on
-#   naive windows and a memoryless network, which do not.
+# * a recurrent DQN trained that way, which solved the task in two seeds of three within
+#   100,000 frames (the third was climbing), against the same network on naive windows and
+#   a memoryless network, which stayed at guessing level.
 #
 # Useful resources:
 #
