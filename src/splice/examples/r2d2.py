@@ -40,7 +40,7 @@ import copy
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal, cast
+from typing import Any, Literal
 
 import gymnasium as gym
 import numpy as np
@@ -48,7 +48,6 @@ import torch
 import torch.nn.functional as F
 from tensordict import TensorDictBase
 from torch import Tensor, nn
-from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
 from splice.collectors import Collector
 from splice.examples.qnets import ENV_INDEX_KEY, STATE_KEY, EpsilonGreedy, MLPQNet, RecurrentQNet
@@ -107,9 +106,6 @@ class R2D2Config:
         eval_every: frames between periodic greedy evaluations (the learning curve).
         eval_every_episodes: episodes per periodic evaluation.
         eval_episodes: episodes of the final evaluation (on seeds not used before).
-        polyak: also keep an exponential moving average of the weights, updated after every
-            gradient step with this decay (Polyak averaging; ``None``: off), and evaluate it
-            at the end (``averaged_returns``).
         keep_best: evaluate the final policy from the checkpoint with the best periodic
             evaluation (model selection on held-out episodes), rather than the last weights.
         threads: torch intra-op threads (1 is fastest for these small networks).
@@ -146,7 +142,6 @@ class R2D2Config:
     eval_every: int = 5_000
     eval_every_episodes: int = 20
     eval_episodes: int = 20
-    polyak: float | None = None
     keep_best: bool = True
     threads: int = 1
 
@@ -197,8 +192,7 @@ class TrainResult:
     ``final_returns`` are the greedy returns of the model the run keeps: the checkpoint with
     the best periodic evaluation (taken at ``kept_frames``, where it scored
     ``kept_eval_return``) when ``keep_best`` is set, else the last weights.
-    ``last_returns`` are those of the last weights, on the same episodes, and
-    ``averaged_returns`` those of the Polyak-averaged weights (with ``polyak`` set).
+    ``last_returns`` are those of the last weights, on the same episodes.
     """
 
     config: dict[str, Any]
@@ -206,7 +200,6 @@ class TrainResult:
     episodes: list[tuple[int, float]] = field(default_factory=list)
     final_returns: list[float] = field(default_factory=list)
     last_returns: list[float] = field(default_factory=list)
-    averaged_returns: list[float] = field(default_factory=list)
     kept_frames: int | None = None
     kept_eval_return: float | None = None
     frames: int = 0
@@ -225,9 +218,7 @@ class TrainResult:
         out = asdict(self)
         out.pop("episodes")
         out["final_mean"] = self.final_mean
-        for name in ("last", "averaged"):
-            returns = getattr(self, f"{name}_returns")
-            out[f"{name}_mean"] = float(np.mean(returns)) if returns else None
+        out["last_mean"] = float(np.mean(self.last_returns)) if self.last_returns else None
         return out
 
 
@@ -390,11 +381,6 @@ def train(config: R2D2Config, *, progress: Progress | None = None) -> TrainResul
     )  # fmt: skip
     replay = make_replay(config)
     learner = Learner(net, config)
-    averaged = (
-        None
-        if config.polyak is None
-        else AveragedModel(net, multi_avg_fn=get_ema_multi_avg_fn(config.polyak))
-    )
     collector = Collector(
         env,
         policy,
@@ -427,8 +413,6 @@ def train(config: R2D2Config, *, progress: Progress | None = None) -> TrainResul
             if learner.updates < due:
                 data, info = replay.sample(return_info=True)
                 losses.append(learner.update(data, info))
-                if averaged is not None:
-                    averaged.update_parameters(net)
             elif paused:
                 collector.resume()
                 paused = False
@@ -462,10 +446,6 @@ def train(config: R2D2Config, *, progress: Progress | None = None) -> TrainResul
     result.episodes = list(collector.episode_log)
     final_seed = 999_000 + config.seed
     result.last_returns = _evaluate(config, net, config.eval_episodes, final_seed).tolist()
-    if averaged is not None:
-        result.averaged_returns = _evaluate(
-            config, cast(RecurrentQNet | MLPQNet, averaged.module), config.eval_episodes, final_seed
-        ).tolist()
     if config.keep_best and best[2] is not None:
         net.load_state_dict(best[2])
         result.kept_frames, result.kept_eval_return = int(best[1]), float(best[0])
