@@ -131,7 +131,7 @@ crossing = torch.stack([starts[:, s + 1 : s + W].any(-1) for s in windows])
 )
 
 # %%
-# Only about 40% of the steps a naive window trains on can see the card they are asked
+# Only about a third of the steps a naive window trains on can see the card they are asked
 # about, and three windows in four mix two episodes.
 #
 # Sequences from whole trajectories: burn-in and stored state
