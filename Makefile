@@ -13,9 +13,9 @@ $(STAMP): pyproject.toml constraints.txt
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[dev,bench,docs,train,envs]"
 	touch $(STAMP)
 
-## demo: the main job: train the recurrent DQN on velocity-masked CartPole (see README)
+## demo: the main job: train a recurrent PPO agent on velocity-masked CartPole (see README)
 demo: $(STAMP)
-	$(BIN)/splice train
+	$(BIN)/splice train --algo ppo
 
 ## test: lint, format check, type check and the whole test suite (what CI runs)
 test: $(STAMP)

@@ -35,6 +35,7 @@ PUBLIC_MODULES = [
     "splice.trajectories",
     "splice.targets",
     "splice.examples.masked_cartpole",
+    "splice.examples.tasks",
     "splice.examples.qnets",
     "splice.examples.r2d2",
     "splice.examples.ppo",

@@ -1,37 +1,39 @@
 """
-Recurrent DQN on a partially observed task
-==========================================
+Recurrent DQN on a memory task: where trajectory assembly decides the result
+============================================================================
 
-CartPole is easy when the agent sees the whole state: cart position and velocity, pole
-angle and angular velocity. Remove the two velocities and it becomes a partially observed
-problem: from one observation the agent cannot tell which way the pole is falling. An agent
-with memory can recover the velocities from successive observations; an agent without memory
-cannot. This tutorial trains such an agent — a recurrent Q-network, R2D2-style — with
-splice doing the data work, and shows that it solves the task where a memoryless agent fails.
+Some tasks can only be solved by remembering. In *RepeatFirst*, a task from the
+`popgym <https://github.com/proroklab/popgym>`_ benchmark, the agent is dealt one card per
+step from a shuffled deck and must name, at every step, the suit of the **first** card of
+the episode. The card it must name was shown once, up to 50 steps ago. A recurrent
+Q-network can carry it in its hidden state — if it is trained on sequences that show it
+where an episode begins and what it had in memory. This tutorial trains such an agent with
+splice doing the data work, and measures what happens when the same network is trained on
+naive fixed windows instead.
 
 **In this tutorial you will learn:**
 
 * how to collect with a recurrent policy: the collector carries its hidden state from step
-  to step, resets it at episode starts and stores it with every step — no extra declaration;
-* how to sample training sequences that never cross an episode end, each with *burn-in*
-  steps that only warm up the hidden state and the *stored state* to start from;
-* how to train while a background thread collects (:meth:`~splice.Collector.start`);
-* how the recurrent agent compares, on the same budget, with a memoryless MLP agent and
-  with the same recurrent agent trained on naive fixed windows that ignore episode ends.
+  to step, resets it at episode starts and stores it with every step;
+* how to sample training sequences that stay inside one episode, with *burn-in* steps and
+  the *stored* recurrent state to start from;
+* what naive fixed windows (zero initial state, windows running across episode ends) get
+  wrong on this task, measured first on real data and then in training, where they fail;
+* how to run the same comparison, or any gymnasium task with discrete actions, with
+  ``splice train --env``.
 
-The agent lives in :mod:`splice.examples.r2d2`; ``splice train`` (the project's main job)
-runs it from the command line. This page walks through its parts, trains it briefly, then
-shows full training runs recorded with ``splice train``.
+**Prerequisites:** :doc:`tutorial_1_trajectory_assembly` (trajectory ids, ``is_init``, the
+replay buffer), and the basics of DQN (Q-values, targets, epsilon-greedy exploration) and of
+recurrent networks.
 """
 
 # %%
 # Setup
 # -----
 #
-# The documentation is built at two sizes (``SPLICE_DOCS_BUDGET=small`` in the test suite,
-# ``full`` by default); only the length of the live training run below changes. The
-# helpers that draw the figures are left out of this page (they are in the downloadable
-# script).
+# The documentation is built at two sizes: ``SPLICE_DOCS_BUDGET=small`` in the test suite
+# and ``full`` otherwise. Only the length of the live training run below depends on it; the
+# full-size results come from recorded runs.
 
 import json
 import os
@@ -40,220 +42,117 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import numpy as np
 import torch
-from tensordict import TensorDict
+from matplotlib.colors import ListedColormap
 
 from splice import Collector, LazyTensorStorage, ReplayBuffer, SliceSampler
-from splice.examples.masked_cartpole import make_masked_cartpole
 from splice.examples.qnets import STATE_KEY, EpsilonGreedy, RecurrentQNet
-from splice.examples.r2d2 import Learner, R2D2Config, train
+from splice.examples.r2d2 import R2D2Config, train
+from splice.examples.tasks import make_task
 from splice.replay import BURN_IN
-from splice.targets import n_step_return
 
 SMALL = os.environ.get("SPLICE_DOCS_BUDGET", "full") == "small"
+TASK = "popgym-RepeatFirstEasy-v0"
 torch.manual_seed(0)
 torch.set_num_threads(1)  # small networks run fastest on one CPU thread
 
+# %%
+# The task
+# --------
+#
+# :func:`~splice.examples.tasks.make_task` builds vectorised envs for any gymnasium id with
+# discrete actions. popgym's observation here is a suit, ``Discrete(4)``; ``make_task``
+# turns it into a one-hot float vector, which is what the Q-network reads. The action is
+# the suit the agent names.
 
-# sphinx_gallery_start_ignore
-# Helpers for the page: a small HTML table (no pandas here), the figures, and where the
-# recorded runs live.
-plt.rcParams.update(
-    {"figure.dpi": 100, "axes.spines.top": False, "axes.spines.right": False}
-)
-
-
-class Table:
-    """A small table that renders as HTML in the docs (and as markdown in a terminal)."""
-
-    def __init__(self, header, rows):
-        self.header, self.rows = (
-            [str(h) for h in header],
-            [[str(v) for v in r] for r in rows],
-        )
-
-    def _repr_html_(self):
-        head = "".join(f"<th>{h}</th>" for h in self.header)
-        body = "".join(
-            "<tr>" + "".join(f"<td>{v}</td>" for v in row) + "</tr>"
-            for row in self.rows
-        )
-        return f'<table class="splice-table"><tr>{head}</tr>{body}</table>'
-
-    def __repr__(self):
-        lines = [
-            "| " + " | ".join(self.header) + " |",
-            "|" + "---|" * len(self.header),
-        ]
-        return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in self.rows])
-
-
-def find_results() -> Path:
-    """docs/_data/r2d2: the recorded ``splice train`` runs (sphinx-gallery runs this script
-    from the docs folder, a terminal from anywhere in the repository)."""
-    for base in (Path.cwd(), *Path.cwd().parents):
-        for candidate in (base / "_data" / "r2d2", base / "docs" / "_data" / "r2d2"):
-            if candidate.is_dir():
-                return candidate
-    raise FileNotFoundError("docs/_data/r2d2 not found: run this from the repository")
-
-
-def plot_sequence_kinds(data):
-    mask, burn = data["collector", "mask"].numpy(), data[BURN_IN].numpy()
-    kind = np.where(~mask, 0, np.where(burn, 1, 2))[:12]
-    colors = plt.matplotlib.colors.ListedColormap(["#eeeeee", "#f4a261", "#2a9d8f"])
-    fig, ax = plt.subplots(figsize=(8, 3))
-    ax.imshow(
-        kind, cmap=colors, aspect="auto", interpolation="nearest", vmin=0, vmax=2
-    )
-    ax.set_xlabel("position in the sequence")
-    ax.set_ylabel("sampled sequence")
-    ax.set_title("orange: burn-in (state warm-up only)   teal: trained on   grey: padding",
-                 fontsize=9)  # fmt: skip
-    fig.tight_layout()
-
-
-def plot_runs(runs):
-    fig, ax = plt.subplots(figsize=(8, 4.5))
-    for i, agent in enumerate(["recurrent", "naive", "mlp"]):
-        curves = [s["curve"] for s in runs[agent]]
-        n = min(len(c) for c in curves)
-        frames = np.array([p["frames"] for p in curves[0][:n]])
-        evals = np.array([[p["eval_return"] for p in c[:n]] for c in curves])
-        ax.plot(frames, evals.mean(0), color=f"C{i}", label=agent)
-        ax.fill_between(frames, evals.min(0), evals.max(0), color=f"C{i}", alpha=0.2)
-    ax.axhline(400, color="grey", lw=0.8, ls=":")
-    ax.set_xlabel("frames collected")
-    ax.set_ylabel("greedy evaluation return (max 500)")
-    ax.set_title(
-        "Velocity-masked CartPole: mean of 3 seeds (line) and their range (band)"
-    )
-    ax.legend()
-    fig.tight_layout()
-
-
-def plot_live(result):
-    fig, ax = plt.subplots(figsize=(8, 3))
-    frames = [p["frames"] for p in result.curve]
-    ax.plot(
-        frames,
-        [p["eval_return"] for p in result.curve],
-        marker="o",
-        label="greedy eval",
-    )
-    ax.plot(
-        frames,
-        [p["recent_return"] for p in result.curve],
-        ls="--",
-        label="training episodes",
-    )
-    ax.set_xlabel("frames collected")
-    ax.set_ylabel("return")
-    ax.legend()
-    fig.tight_layout()
-
-
-# sphinx_gallery_end_ignore
-
+env = make_task(TASK, num_envs=8)
+env.single_observation_space, env.single_action_space
 
 # %%
-# The task: CartPole without velocities
-# -------------------------------------
+# An episode deals the 52 cards of one deck: the first card is shown at reset, and each
+# of the 51 steps that follow rewards naming the first card's suit with ``+1/51`` and
+# anything else with ``-1/51``. popgym scales every task this way, so a return lies in
+# ``[-1, 1]``: ``1`` means every answer was right, and guessing gets about ``-0.5`` (one
+# answer in four right). We use popgym's return as our *normalised return* below.
 #
-# :func:`~splice.examples.masked_cartpole.make_masked_cartpole` builds vectorised
-# CartPole-v1 environments (gymnasium's vector entry point: all envs stepped by one numpy
-# call) and keeps observation entries 0 and 2, the cart position ``x`` and the pole angle
-# ``theta``.
+# Let us collect some real data, with random actions (``policy=None``), from 8 envs:
 
-env = make_masked_cartpole(num_envs=16)
-obs, _ = env.reset(seed=0)
-env.close()
-obs[:4]
-
-# %%
-# Why one observation is not enough: take two states with the same cart position and pole
-# angle but opposite angular velocities. The masked observations are identical, yet the
-# pole is falling in opposite directions. We push both carts right for three steps (with
-# the full, unmasked CartPole underneath) and record what the masked agent sees.
-
-full = make_masked_cartpole(num_envs=2).unwrapped  # the full-state env underneath
-full.reset(seed=0)
-full.state = np.array(
-    [[0.0, 0.0, 0.05, 0.5], [0.0, 0.0, 0.05, -0.5]]
-).T  # (x, x', theta, theta')
-seen = [full.state.T[:, [0, 2]].copy()]
-for _ in range(3):
-    next_obs, *_ = full.step(np.ones(2, dtype=np.int64))  # push right, both
-    seen.append(next_obs[:, [0, 2]].copy())
-full.close()
-seen = np.stack(seen, 1)  # [state, step, (x, theta)]
-assert np.array_equal(seen[0, 0], seen[1, 0])  # the same observation at first...
-assert seen[0, 1, 1] > seen[0, 0, 1] > seen[1, 1, 1]  # ...then the angle moves apart
-Table(
-    ["step", "(x, theta) seen, falling right", "(x, theta) seen, falling left"],
-    [
-        [t, np.round(seen[0, t], 4).tolist(), np.round(seen[1, t], 4).tolist()]
-        for t in range(4)
-    ],
-)
-
-# %%
-# At step 0 the two observations are the same; only the way the angle changes over the
-# following steps tells the two situations apart. A memoryless Q-network only ever sees one row.
-#
-# A recurrent policy
-# ------------------
-#
-# :class:`~splice.examples.qnets.RecurrentQNet` is a small LSTM Q-network (64 units). The
-# policy that collects with it, :class:`~splice.examples.qnets.EpsilonGreedy`, follows the
-# collector's protocol: it reads the observation and the recurrent state entering the
-# step (absent on the very first call), writes ``"action"`` and the new state under
-# ``("next", "recurrent_state")``. That is all: the collector discovers the state key from
-# the first call, feeds it back at the next step, zeroes it where an episode starts and
-# stores it with every step. (TorchRL needs a ``TensorDictPrimer`` for this, and silently
-# drops the recurrence without one.)
-
-net = RecurrentQNet(obs_dim=2, n_actions=2, hidden=64)
-policy = EpsilonGreedy(net, n_actions=2, seed=0, epsilon=0.5)
 collector = Collector(
-    make_masked_cartpole(num_envs=16), policy, frames_per_batch=16 * 50, total_frames=16 * 50,
+    make_task(TASK, num_envs=8), None, frames_per_batch=8 * 128, total_frames=8 * 128,
     seed=0,
 )  # fmt: skip
 batch = next(iter(collector))
 collector.shutdown()
-starts = batch["is_init"].squeeze(-1)
-assert (
-    batch[STATE_KEY][starts] == 0
-).all()  # state entering an episode's first step: zero
-assert (batch[STATE_KEY][~starts] != 0).any(-1).all()  # elsewhere: the carried state
 batch
 
 # %%
-# ``recurrent_state`` is the state entering each step and ``("next", "recurrent_state")``
-# the state after it; within an episode one step's output is the next step's input:
+# Each env row holds 128 steps, about two and a half episodes. The figure shows the suit
+# of every card the agents saw, with each episode's first card circled: that is the suit
+# to name until the episode ends.
 
-inside = ~batch["is_init"][:, 1:].squeeze(-1)
-carried = batch["next", STATE_KEY][:, :-1][inside]
-assert torch.equal(carried, batch[STATE_KEY][:, 1:][inside])
-f"{int(inside.sum())} consecutive step pairs checked"
+SUIT_COLORS = ListedColormap(["#264653", "#2a9d8f", "#e9c46a", "#e76f51"])
+suit = batch["observation"].argmax(-1)  # [8 envs, 128 steps]
+starts = batch["is_init"].squeeze(-1)
+rows, cols = starts.nonzero(as_tuple=True)
+fig, ax = plt.subplots(figsize=(8, 2.6))
+ax.imshow(suit, cmap=SUIT_COLORS, aspect="auto", interpolation="nearest")
+ax.scatter(cols, rows, s=60, facecolors="none", edgecolors="white", linewidths=1.8)
+ax.set_xlabel("step of the batch")
+ax.set_ylabel("env")
+ax.set_title(
+    "Suit of each card (colour); circled: an episode's first card", fontsize=10
+)
+fig.tight_layout()
 
 # %%
-# Sequences for training: burn-in and stored state
-# ------------------------------------------------
+# Naive windows: what they cut off
+# --------------------------------
 #
-# A recurrent Q-network is trained on sequences. R2D2's recipe, which we follow:
-#
-# * sequences never cross an episode end (a :class:`~splice.SliceSampler` guarantees
-#   it, even when an episode arrived in several collector batches);
-# * each sequence starts from the **stored** hidden state of its first step — the state
-#   the policy had when it collected that step — not from zeros;
-# * the first steps (*burn-in*) are only run to let the state catch up with the current
-#   network; the loss applies to the steps after them.
-#
-# ``as_sequences=True`` returns ``[num_slices, burn_in + slice_len]`` with the mask
-# ``("collector", "mask")`` (False on padding, where an episode ended before the sequence
-# did) and ``("collector", "burn_in")``; ``state_keys`` returns the stored state at each
-# sequence's first step in ``info["initial_state"]``.
+# The simple way to train a recurrent network is to cut fixed windows from each env's
+# stream of steps, say 40 steps, and run the network over each window from a zero state.
+# On this task that is a problem you can measure on the batch above, before training
+# anything. Take every 40-step window of every env row, and ask two questions of each step
+# in it: was its episode's first card shown inside the window (if not, nothing the network
+# sees in the window says which suit to name), and does the window run across an episode
+# end (then the hidden state flows from one episode into the next, and nothing tells the
+# network that the card to remember has changed: the observation has no "new episode"
+# flag).
 
+W = 40
+steps = torch.arange(suit.shape[1])
+first_step = (
+    torch.where(starts, steps, 0).cummax(-1).values
+)  # start of each step's episode
+windows = range(suit.shape[1] - W + 1)
+not_seen = torch.stack([first_step[:, s : s + W] < s for s in windows])
+crossing = torch.stack([starts[:, s + 1 : s + W].any(-1) for s in windows])
+(
+    f"first card outside the window: {not_seen.float().mean():.0%} of steps; "
+    f"windows across an episode end: {crossing.float().mean():.0%}"
+)
+
+# %%
+# Only about a third of the steps a naive window trains on can see the card they are asked
+# about, and three windows in four mix two episodes.
+#
+# Sequences from whole trajectories: burn-in and stored state
+# -----------------------------------------------------------
+#
+# R2D2 (Kapturowski et al., 2019) trains on sequences that never cross an episode end,
+# and starts each one from the **stored** hidden state: the state the policy had when it
+# collected that step, which already holds the first card. A few *burn-in* steps before
+# the trained part let the state catch up with the current network.
+#
+# splice provides both halves. The collector stores the recurrent state: a policy reads
+# the state entering the step (absent on the first call) and writes the state it produced
+# under ``("next", "recurrent_state")``; the collector feeds it back at the next step,
+# zeroes it where an episode starts and stores it with every step.
+# :class:`~splice.examples.qnets.EpsilonGreedy` with a
+# :class:`~splice.examples.qnets.RecurrentQNet` (a small LSTM Q-network) is such a policy.
+# A :class:`~splice.SliceSampler` then cuts sequences that stay inside one episode, even
+# when the episode arrived in several collector batches, and returns the stored state at
+# each sequence's first step.
+
+policy = EpsilonGreedy(RecurrentQNet(obs_dim=4, n_actions=4, hidden=64), n_actions=4)
 replay = ReplayBuffer(
     storage=LazyTensorStorage(20_000),
     sampler=SliceSampler(
@@ -263,204 +162,247 @@ replay = ReplayBuffer(
     batch_size=32 * 30,
 )  # fmt: skip
 collector = Collector(
-    make_masked_cartpole(num_envs=16), policy, frames_per_batch=16 * 8,
-    total_frames=16 * 8 * 40, replay_buffer=replay, seed=1,
+    make_task(TASK, num_envs=8), policy, frames_per_batch=8 * 16, total_frames=8 * 16 * 20,
+    replay_buffer=replay, seed=1,
 )  # fmt: skip
-for _ in collector:
+for _ in collector:  # 20 batches of [8, 16] steps, written to the buffer
     pass
 data, info = replay.sample(return_info=True)
-h0 = info["initial_state"][STATE_KEY]
-assert torch.equal(h0, data[STATE_KEY][:, 0])  # the stored state at column 0
-assert data.batch_size == torch.Size([32, 40])
 data
 
 # %%
-# Which steps of the sampled sequences are burn-in, which are trained on, and which are
-# padding:
+# A sample is ``[32, 40]``: 32 sequences of up to 10 burn-in steps and 30 trained steps,
+# left-aligned, with ``("collector", "mask")`` False on padding (where an episode ended
+# before the sequence did) and ``("collector", "burn_in")`` on the burn-in steps. Every
+# sequence has a single trajectory id, and ``info["initial_state"]`` is the state stored
+# at its first step:
 
-plot_sequence_kinds(data)
-
-# %%
-# Every sequence stays inside one episode: one trajectory id per row, and the step counter
-# of the episode goes up by one along it.
-
-ids, real_steps = data["collector", "traj_ids"], data["collector", "mask"]
-for row in range(ids.shape[0]):
-    real = real_steps[row]
-    assert (ids[row][real] == ids[row][real][0]).all()
-f"{ids.shape[0]} sequences, each inside a single episode"
+ids, real = data["collector", "traj_ids"], data["collector", "mask"]
+assert all((row[m] == row[m][0]).all() for row, m in zip(ids, real, strict=True))
+h0 = info["initial_state"][STATE_KEY]
+h0.shape, torch.equal(h0, data[STATE_KEY][:, 0])
 
 # %%
-# The learning rule
-# -----------------
+# The two ways of cutting sequences, side by side. Left: naive 40-step windows cut from
+# the batch we collected, red where the step's first card lies before the window, black
+# lines at episode ends. Right: the sequences splice sampled, all inside one episode.
+
+naive_kind = not_seen[::6, 0].int()  # 12 windows (of env 0), 1 = first card not seen
+naive_ends = torch.stack([starts[0, s : s + W] for s in windows])[::6]
+slice_kind = torch.where(~real, 0, torch.where(data[BURN_IN], 1, 2))[:12]
+fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.2), sharey=True)
+left.imshow(naive_kind, cmap=ListedColormap(["#2a9d8f", "#e63946"]), aspect="auto",
+            interpolation="nearest", vmin=0, vmax=1)  # fmt: skip
+r, c = naive_ends.nonzero(as_tuple=True)
+left.vlines(c - 0.5, r - 0.5, r + 0.5, color="black", linewidth=2.5)
+left.set_title("naive windows: teal = first card seen, red = not", fontsize=9)
+right.imshow(slice_kind, cmap=ListedColormap(["#dddddd", "#f4a261", "#2a9d8f"]),
+             aspect="auto", interpolation="nearest", vmin=0, vmax=2)  # fmt: skip
+right.set_title("splice slices: orange = burn-in, teal = trained, grey = padding",
+                fontsize=9)  # fmt: skip
+left.set_ylabel("sequence")
+for ax in (left, right):
+    ax.set_xlabel("position in the sequence")
+fig.tight_layout()
+
+# %%
+# Every splice sequence begins with the state the policy had at that step, so the first
+# card is known at every position, and the loss is never asked to relate one episode's
+# card to another episode's reward.
 #
-# :class:`~splice.examples.r2d2.Learner` runs the network over each sequence from its
-# stored state, and regresses Q-values toward **n-step double-DQN targets**
-# (:func:`splice.targets.n_step_return`): up to 5 rewards, then the target
-# network's value of the state reached — unless the episode *terminated* there. A time-limit
-# *truncation* still bootstraps. The network input is ``obs[0]`` followed by every
-# ``("next", "observation")``: at an episode's end that is the true final observation
-# (splice never hands over the observation of the reset that follows).
-
-ended = torch.tensor([False, False, True, False, False, False]).unsqueeze(-1)
-six_steps = TensorDict(
-    {
-        ("next", "reward"): torch.ones(6, 1),
-        ("next", "terminated"): ended,
-        ("next", "done"): ended,
-    },
-    batch_size=[6],
-)
-example = n_step_return(six_steps, torch.full((6,), 10.0), n=3, gamma=0.9).squeeze(-1)
-assert torch.isclose(example[2], torch.tensor(1.0))  # terminated: no bootstrap
-example
-
-# %%
-# One gradient step on the batch we sampled:
-
-learner = Learner(net, R2D2Config())
-f"loss: {learner.update(data, info):.4f}"
-
-# %%
-# Training while collecting in the background
-# -------------------------------------------
+# Training: three agents, one recipe
+# ----------------------------------
 #
-# :func:`~splice.examples.r2d2.train` puts the parts together. The collector runs in a
-# background thread (``collector.start()``) with 16 envs and writes ``[16, 8]`` batches to
-# the replay buffer; the main thread samples and learns, one gradient step per 8 frames
-# collected. When the collector gets more than two batches ahead of that ratio the learner
-# pauses it (``collector.pause()``), so how fast the machine collects never changes how
-# much the agent learns per frame. Every 5,000 frames the greedy policy is evaluated on 20
-# episodes.
+# :func:`~splice.examples.r2d2.train` puts the parts together: a background collector
+# (:meth:`~splice.Collector.start`) writes ``[16, 8]`` batches from 16 envs into the replay
+# buffer while the main thread samples sequences and takes one gradient step per 8 frames
+# collected; n-step double-DQN targets (5 steps, bootstrapping on truncation but not on
+# termination, see :func:`splice.targets.n_step_return`); epsilon-greedy
+# exploration from 1.0 down to 0.05. Two settings are specific to RepeatFirst: a discount of
+# 0.9, because each answer is rewarded at once and does not change the cards that follow (a
+# long horizon would only add the noise of future answers to every target), and rewards
+# multiplied by 50 in the targets, so that one right answer is worth about 1 (returns are
+# reported unscaled). Three agents share this recipe and differ only in what we compare:
 #
-# Here we train briefly (the budget of this page); the next section shows full runs.
+# * **recurrent**: the LSTM Q-network on splice's slices, from the stored state, with 10
+#   burn-in steps;
+# * **naive**: the same network on fixed 40-step windows of each env's stream, from a zero
+#   state, across episode ends (the bootstrap value at an episode's last step then comes
+#   from the next episode's first observation);
+# * **mlp**: a memoryless MLP Q-network on splice's slices: what can be done without memory.
+#
+# Here is a short live run of the recurrent agent (the budget of this page):
 
 live = R2D2Config(
-    total_frames=6_000 if SMALL else 40_000,
-    learning_starts=2_000,
-    eval_every=2_000 if SMALL else 5_000,
-    eval_every_episodes=5,
-    eval_episodes=5,
-)
+    env_id=TASK, gamma=0.9, reward_scale=50, total_frames=3_000 if SMALL else 40_000,
+    learning_starts=1_000, eval_every=1_000 if SMALL else 5_000, eval_every_episodes=10,
+    eval_episodes=10,
+)  # fmt: skip
 result = train(live)
-assert result.frames >= live.total_frames and result.updates > 0
-plot_live(result)
+fig, ax = plt.subplots(figsize=(8, 2.8))
+ax.plot([p["frames"] for p in result.curve], [p["eval_return"] for p in result.curve],
+        marker="o", label="greedy evaluation")  # fmt: skip
+ax.axhline(-0.5, color="grey", linestyle=":", label="guessing")
+ax.set_xlabel("frames collected")
+ax.set_ylabel("normalised return")
+ax.set_ylim(-1.05, 1.05)
+ax.legend(loc="lower right")
+fig.tight_layout()
 
 # %%
-# Full runs: recurrent vs memoryless vs naive windows
-# ---------------------------------------------------
+# At this budget the agent has barely started. Learning to hold a card in memory shows up
+# as a sudden jump after tens of thousands of frames, as the recorded runs below show.
 #
-# The runs below were recorded with the project's main job, three seeds per agent, each
-# 150,000 frames on a 2-core CPU machine::
+# Recorded runs: recurrent vs naive windows vs MLP
+# ------------------------------------------------
 #
-#     splice train --agent recurrent --seed 0 --output docs/_data/r2d2/recurrent_s0
-#     splice train --agent mlp --seed 0 --output docs/_data/r2d2/mlp_s0
-#     splice train --agent naive --seed 0 --output docs/_data/r2d2/naive_s0
-#     # ... and the same for seeds 1 and 2
+# The runs below were recorded with the project's main job, three seeds per agent, on a
+# 2-core CPU machine shared with other jobs (the summaries are in
+# ``docs/_data/repeat_first``)::
 #
-# All three agents get the same budget, replay ratio and hyperparameters; they differ only
-# in what the issue compares:
+#     splice train --env popgym-RepeatFirstEasy-v0 --gamma 0.9 --reward-scale 50 \
+#         --frames 100000 --time-limit 1500 --agent recurrent --seed 0 \
+#         --output docs/_data/repeat_first/recurrent_s0
+#     # ... and --agent naive, for seeds 0, 1 and 2; --agent mlp with --frames 30000
 #
-# * **recurrent**: the agent above;
-# * **mlp**: a memoryless MLP Q-network on the same observations and sequences;
-# * **naive**: the recurrent network trained on fixed 40-step windows cut from each
-#   environment's raw stream regardless of episode ends, starting from a zero state, with
-#   no burn-in. Inside a window the hidden state flows from one episode into the next, and
-#   the bootstrap value at an episode's last step is computed from the next episode's first
-#   observation.
+# Each summary holds the learning curve (a greedy evaluation on 20 episodes every 5,000
+# frames) and two final evaluations on 20 fresh episodes: the *kept* model (the checkpoint
+# with the best periodic evaluation) and the *last* weights. The memoryless MLP, which
+# cannot do better than guessing on this task whatever it learns, got a shorter budget.
 
-RESULTS = find_results()
-runs = {}
+RESULTS = next(
+    p
+    for p in [Path("../docs/_data/repeat_first"), Path("docs/_data/repeat_first")]
+    if p.is_dir()
+)  # the docs build runs this page from tutorials/, a terminal from the repository
+runs = {"recurrent": [], "naive": [], "mlp": []}
 for path in sorted(RESULTS.glob("*/summary.json")):
     summary = json.loads(path.read_text())
-    runs.setdefault(summary["config"]["agent"], []).append(summary)
-assert set(runs) == {"recurrent", "mlp", "naive"} and all(
-    len(r) == 3 for r in runs.values()
-)
+    runs[summary["config"]["agent"]].append(summary)
 
-rows = [
-    [agent, s["config"]["seed"], f"{s['final_mean']:.1f}", f"{s['last_mean']:.1f}",
-     f"{s['wall_seconds'] / 60:.1f}"]
-    for agent, summaries in runs.items()
-    for s in sorted(summaries, key=lambda s: s["config"]["seed"])
-]  # fmt: skip
-Table(["agent", "seed", "final eval (best checkpoint)", "final eval (last weights)",
-       "minutes"], rows)  # fmt: skip
+fig, ax = plt.subplots(figsize=(8, 4))
+for color, (agent, summaries) in zip(["C0", "C3", "C7"], runs.items(), strict=True):
+    for s in summaries:  # each seed, thin
+        curve = s["curve"]
+        ax.plot([p["frames"] for p in curve], [p["eval_return"] for p in curve], color=color,
+                linewidth=0.8, alpha=0.45)  # fmt: skip
+    n = min(len(s["curve"]) for s in summaries)  # the mean, up to the shortest run
+    frames = [p["frames"] for p in summaries[0]["curve"][:n]]
+    evals = np.array([[p["eval_return"] for p in s["curve"][:n]] for s in summaries])
+    ax.plot(
+        frames, evals.mean(0), color=color, linewidth=2.2, label=f"{agent} (mean)"
+    )
+ax.axhline(
+    0.8, color="grey", linestyle="--", linewidth=0.8, label="solved (90% right)"
+)
+ax.axhline(-0.5, color="grey", linestyle=":", linewidth=0.8, label="guessing")
+ax.set_xlabel("frames collected")
+ax.set_ylabel("normalised return (greedy)")
+ax.set_ylim(-1.05, 1.05)
+ax.set_title("RepeatFirst: greedy evaluations, 3 seeds per agent (thin) and their mean (thick)",
+             fontsize=10)  # fmt: skip
+ax.legend(loc="upper left", fontsize=8)
+fig.tight_layout()
 
 # %%
-# The "final eval" is the mean greedy return over 20 fresh episodes (seeds never used in
-# training). It is measured for the checkpoint that scored best in the periodic
-# evaluations (model selection on held-out episodes) and, for reference, for the last
-# weights. The learning curves (greedy evaluation every 5,000 frames; the line is the mean
-# over seeds, the band their range):
+# The final evaluations, per seed (returns in ``[-1, 1]``; training time is wall-clock on
+# the shared machine, CPU time is what the run itself used):
 
-plot_runs(runs)
+lines = [
+    f"{'agent':<10} {'seed':>4} {'frames':>7} {'kept':>7} {'last':>7} {'minutes':>8} {'CPU min':>8}"
+]
+for agent, summaries in runs.items():
+    for s in summaries:
+        lines.append(
+            f"{agent:<10} {s['config']['seed']:>4} {s['frames']:>7} {s['final_mean']:>7.3f} "
+            f"{s['last_mean']:>7.3f} {s['train_seconds'] / 60:>8.1f} {s['cpu_seconds'] / 60:>8.1f}"
+        )
+print("\n".join(lines))
 
 # %%
 # What the results say
 # --------------------
+#
+# popgym's return counts right answers minus wrong ones, so a return ``R`` means a
+# fraction ``(R + 1) / 2`` of right answers: 25% for guessing, 100% for a perfect agent. We
+# call the task solved at 90% of the answers right (a return of 0.8), and compare the
+# agents on that fraction, averaged over seeds, from the last weights:
 
-best = {agent: [s["final_mean"] for s in runs[agent]] for agent in runs}
-last = {agent: [s["last_mean"] for s in runs[agent]] for agent in runs}
-minutes = {agent: [s["wall_seconds"] / 60 for s in runs[agent]] for agent in runs}
-assert sum(r >= 400 for r in best["recurrent"]) >= 2  # the bar: 2 of 3 seeds at 400+
-assert max(minutes["recurrent"]) < 10  # ... within 10 minutes, evaluation included
-assert max(best["mlp"]) < 100 and max(last["mlp"]) < 100  # memoryless: far below
-Table(
-    ["agent", "best checkpoint, 3 seeds", "last weights, 3 seeds", "minutes per run"],
-    [
-        [a, " / ".join(f"{r:.0f}" for r in best[a]), " / ".join(f"{r:.0f}" for r in last[a]),
-         f"{min(minutes[a]):.1f}-{max(minutes[a]):.1f}"]
-        for a in ["recurrent", "naive", "mlp"]
-    ],
-)  # fmt: skip
+last = {agent: np.mean([s["last_mean"] for s in runs[agent]]) for agent in runs}
+right = {agent: (value + 1) / 2 for agent, value in last.items()}
+assert right["naive"] <= 0.7 * right["recurrent"]  # naive windows: at least 30% lower
+{agent: f"{right[agent]:.0%} right" for agent in runs}
 
 # %%
-# * The **recurrent** agent learns to balance the pole without seeing its velocity: within
-#   150,000 frames — under 4 minutes on a 2-core CPU, with collection running in the
-#   background — every seed reaches a greedy return above 400 out of 500.
-# * The **MLP** agent never gets going: from one observation it cannot tell which way the
-#   pole is moving, so all it can learn is a reflex on the angle, worth about 40 steps. That
-#   gap is what memory buys on this task.
-# * The **naive windows** agent does about as well as the recurrent one here, and we
-#   should say so plainly rather than promise a gap the data does not show. On velocity-masked
-#   CartPole, inferring the velocities takes two or three observations, so starting a window
-#   from a zero state costs only its first few steps; and once the agent is any good its
-#   episodes are hundreds of steps long, so few 40-step windows straddle an episode end at
-#   all. The damage naive windows do — a hidden state carried from one episode into the next,
-#   a bootstrap value computed from the next episode's first observation — is real but rare
-#   on this task.
+# * The **recurrent** agent trained on splice's slices learns to hold the first card. Its
+#   last weights scored 0.27, 0.99 and 1.00 for seeds 0, 1 and 2 (kept models 0.31, 1.00
+#   and 1.00): seeds 1 and 2 solved the task (first greedy evaluation at 0.8 or more after
+#   90,000 and 95,000 frames); seed 0 left guessing level only after 85,000 frames and was
+#   still climbing when its budget ended (its last training episodes averaged 0.73). On
+#   average that is 88% of the answers right: two seeds of three solved, the third on its
+#   way, short of our 90% threshold on average.
+# * The **naive windows** agent — the same network, the same recipe — stays at guessing
+#   level: last weights -0.33, -0.35 and -0.62, 28% of the answers right on average. Most of
+#   the steps it trains on cannot see the card they are asked about, and the windows that
+#   cross an episode end teach it to keep the previous episode's card. Its runs used more
+#   CPU per frame, and two of them stopped at the 25-minute cap after 86,000 and 78,000
+#   frames (the third ran its 100,000 and ended at -0.62); at 75,000 frames, where every
+#   run of both agents had an evaluation, the recurrent agent's evaluations were -0.52, 0.36
+#   and 0.24, the naive agent's -0.41, -0.76 and -0.23.
+# * The **MLP** has no memory, so whatever it learns it can only guess: -0.32, -0.37 and
+#   -0.80 after 30,000 frames, the floor. A greedy evaluation of 20 episodes is noisy here: a
+#   policy that always names the same suit scores +1 or -1 per episode, so a mean of 20
+#   such episodes has a standard error of about 0.2 around -0.5.
 #
-#   It is not rare on tasks whose episodes are short or differ from one another (another
-#   goal, map or opponent each episode), or when a time limit truncates episodes: there a
-#   leaked state is a wrong belief about the new episode, and every window that crosses a
-#   boundary teaches the network a transition that never happens. splice's slices never cross
-#   an episode end and come with the state the policy actually had, so the question does not
-#   arise, at little cost (sampling 32 slices of 16 steps takes about 1.5 times as long as
-#   sampling 512 single transitions, see the benchmarks).
+# All runs were recorded on a 2-core machine shared with other jobs (load average 9 to 17):
+# each got about a seventh of a core, so 100,000 frames took 19 to 23 minutes of wall time
+# but 2.9 to 3.0 minutes of CPU time for the recurrent agent (3.2 to 4.2 for the naive one),
+# well within 10 minutes on a machine of its own.
 #
-# Both recurrent agents are noisy from one evaluation to the next — DQN's greedy policy can
-# drop for a while and recover — which is why the main job keeps the checkpoint with the
-# best periodic evaluation and reports, next to it, how the last weights score on the same 20
-# held-out episodes.
+# On an easier memory task the gap can vanish. On velocity-masked CartPole (the default
+# task of ``splice train``) the velocities can be inferred from the last two or three
+# observations, so a zero initial state costs a window only its first steps, and once the
+# agent balances the pole its episodes are hundreds of steps long, so few windows cross an
+# episode end. There, naive windows do about as well as the recurrent agent: in runs
+# recorded with an earlier version of the recipe (summaries in ``docs/_data/r2d2``) their
+# kept models scored 488, 500 and 471 out of 500 against the recurrent agent's 500, 468
+# and 496, while the MLP stayed near 44. The information RepeatFirst needs lies further
+# back than a window reaches, and across an episode end it is wrong: that is where
+# assembling whole trajectories decides the result.
+#
+# Run it yourself
+# ---------------
+#
+# ``splice train`` takes any gymnasium env id with discrete actions (popgym's, MiniGrid's
+# with the text mission dropped, the classic-control ones), trains with a progress bar,
+# and writes a learning curve (PNG) and a JSON summary with both the kept model's and the
+# last weights' evaluation::
+#
+#     splice train --env popgym-RepeatFirstEasy-v0 --gamma 0.9 --reward-scale 50
+#     splice train --env popgym-RepeatFirstEasy-v0 --gamma 0.9 --reward-scale 50 --agent all
+#     splice train --env CartPole-v1 --mask-velocity   # the default task
 #
 # Conclusion
 # ----------
 #
-# We covered:
+# We have covered:
 #
-# * collecting with a recurrent policy, with its state carried, reset at episode starts
-#   and stored with every step by the collector;
-# * sampling R2D2-style sequences — never crossing an episode end, with burn-in and the
-#   stored initial state — from a :class:`~splice.ReplayBuffer`;
-# * n-step double-DQN targets that bootstrap on truncation but not on termination;
-# * training while a background collector fills the buffer, with a rate limiter;
-# * a comparison with a memoryless agent and with naive windows.
+# * a memory task from popgym, its data as splice's collector delivers it, and how much of
+#   it a naive window cuts off;
+# * collecting with a recurrent policy whose state the collector carries, resets at episode
+#   starts and stores with every step;
+# * sampling sequences that stay inside one episode, with burn-in and the stored state,
+#   from a :class:`~splice.ReplayBuffer` with a :class:`~splice.SliceSampler`;
+# * a recurrent DQN trained that way, which solved the task in two seeds of three within
+#   100,000 frames (the third was climbing), against the same network on naive windows and
+#   a memoryless network, which stayed at guessing level.
 #
 # Useful resources:
 #
 # * :doc:`tutorial_1_trajectory_assembly` — how splice assembles trajectories;
 # * :doc:`/data_contract` — the keys, and done vs terminated vs truncated vs cut;
 # * :class:`~splice.SliceSampler` and :class:`~splice.ReplayBuffer` — every sampling option;
-# * ``splice train --help`` — the main job; Kapturowski et al., *Recurrent Experience
-#   Replay in Distributed Reinforcement Learning* (ICLR 2019), for R2D2.
+# * :mod:`splice.examples.r2d2` and :mod:`splice.examples.tasks` — the agent and the envs;
+# * Kapturowski et al., *Recurrent Experience Replay in Distributed Reinforcement Learning*
+#   (ICLR 2019), for R2D2; Morad et al., *POPGym: Benchmarking Partially Observable
+#   Reinforcement Learning* (ICLR 2023), for the task.

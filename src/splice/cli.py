@@ -1,25 +1,27 @@
-"""The ``splice`` command: ``splice train`` trains an agent on velocity-masked CartPole.
+"""The ``splice`` command: ``splice train`` trains an agent on a partially observed task.
 
-``--algo r2d2`` (the default) runs the recurrent DQN of :mod:`splice.examples.r2d2`,
-``--algo ppo`` the recurrent PPO of :mod:`splice.examples.ppo`.
+``--algo r2d2`` (the default) runs the recurrent DQN of :mod:`splice.examples.r2d2`, on
+velocity-masked CartPole or, with ``--env ID``, on any gymnasium env id with discrete actions
+(``popgym-RepeatFirstEasy-v0``, ``Acrobot-v1``, ...); ``--algo ppo`` runs the recurrent PPO
+of :mod:`splice.examples.ppo` (velocity-masked CartPole only).
 
 Examples:
     >>> from splice.cli import build_parser
     >>> args = build_parser().parse_args(["train", "--agent", "mlp", "--frames", "1000"])
-    >>> args.agent, args.frames, args.seed
-    ('mlp', 1000, 0)
+    >>> args.agent, args.frames, args.seed, args.env, args.mask_velocity
+    ('mlp', 1000, 0, 'CartPole-v1', None)
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
-from typing import Any
 
+from splice.collectors._progress import make_bar
 from splice.examples.ppo import PPOConfig
 from splice.examples.r2d2 import AGENTS, R2D2Config, TrainResult
+from splice.examples.tasks import MASKABLE
 
 __all__ = ["build_parser", "main"]
 
@@ -33,12 +35,35 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     train = commands.add_parser(
         "train",
-        help="train a recurrent DQN (or PPO) on velocity-masked CartPole",
+        help="train a recurrent DQN or PPO (default task: velocity-masked CartPole)",
         description=(
-            "Train an agent on CartPole-v1 with the velocities removed from the observation, "
-            "evaluate it greedily over 20 episodes, and write the learning curve (PNG) and a "
-            "JSON summary to the output folder."
+            "Train an agent on a gymnasium env with discrete actions (default: CartPole-v1 "
+            "with the velocities removed from the observation), evaluate the kept model (the "
+            "checkpoint with the best periodic evaluation) and the last weights greedily over "
+            "20 fresh episodes, and write the learning curve (PNG) and a JSON summary to the "
+            "output folder."
         ),
+    )
+    train.add_argument(
+        "--env",
+        default=MASKABLE,
+        metavar="ID",
+        help=f"gymnasium env id with discrete actions, e.g. popgym-RepeatFirstEasy-v0 "
+        f"(default {MASKABLE})",
+    )
+    train.add_argument(
+        "--mask-velocity",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help=f"remove the velocities from {MASKABLE}'s observation (default: on for "
+        f"{MASKABLE}; other envs are used as they are)",
+    )
+    train.add_argument(
+        "--max-episode-steps",
+        type=int,
+        default=None,
+        metavar="N",
+        help="time limit of every episode (default: the env's own)",
     )
     train.add_argument(
         "--agent",
@@ -51,7 +76,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--algo",
         choices=["r2d2", "ppo"],
         default="r2d2",
-        help="r2d2 (recurrent DQN, default; --agent picks its variant) or ppo (recurrent PPO)",
+        help="r2d2 (recurrent DQN, default; --agent picks its variant) or ppo (recurrent PPO, "
+        f"velocity-masked {MASKABLE} only)",
     )
     train.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     ppo = PPOConfig()
@@ -69,6 +95,19 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"stop training after this many seconds (default {defaults.time_limit:.0f}, ppo "
         f"{ppo.time_limit:.0f})",
     )
+    train.add_argument(
+        "--gamma",
+        type=float,
+        default=None,
+        help=f"discount (default {defaults.gamma}, ppo {ppo.gamma})",
+    )
+    train.add_argument(
+        "--reward-scale",
+        type=float,
+        default=None,
+        help="multiply rewards by this in the learning targets (returns are reported "
+        f"unscaled; default {defaults.reward_scale:g}, ppo {ppo.reward_scale:g})",
+    )
     train.add_argument("--output", type=Path, default=Path("outputs/train"), help="output folder")
     train.add_argument("--quiet", action="store_true", help="no progress bar")
     return parser
@@ -76,16 +115,43 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``splice`` console script."""
-    args = build_parser().parse_args(argv)
-    given = {"total_frames": args.frames, "time_limit": args.time_limit}
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    given = {
+        "total_frames": args.frames,
+        "time_limit": args.time_limit,
+        "gamma": args.gamma,
+        "reward_scale": args.reward_scale,
+    }
     given = {k: v for k, v in given.items() if v is not None}
     if args.algo == "ppo":
-        run_one(PPOConfig(seed=args.seed, **given), args.output, quiet=args.quiet)
+        task = (args.env, args.mask_velocity, args.max_episode_steps)
+        if task != (MASKABLE, None, None) and task != (MASKABLE, True, None):
+            parser.error(
+                f"--algo ppo trains on velocity-masked {MASKABLE} only (no --env, "
+                "--no-mask-velocity or --max-episode-steps)"
+            )
+        try:
+            ppo_config = PPOConfig(seed=args.seed, **given)
+        except ValueError as error:
+            parser.error(str(error))
+        run_one(ppo_config, args.output, quiet=args.quiet)
         return 0
     agents = list(AGENTS) if args.agent == "all" else [args.agent]
     results: dict[str, TrainResult] = {}
     for agent in agents:
-        config = R2D2Config(agent=agent, seed=args.seed, **given)
+        try:  # a bad value, env id or space: a usage error, before anything is written
+            config = R2D2Config(
+                agent=agent,
+                env_id=args.env,
+                mask_velocity=args.mask_velocity,
+                max_episode_steps=args.max_episode_steps,
+                seed=args.seed,
+                **given,
+            )
+            config.make_env(1).close()
+        except ValueError as error:
+            parser.error(str(error))
         out = args.output / agent if len(agents) > 1 else args.output
         results[agent] = run_one(config, out, quiet=args.quiet)
     if len(agents) > 1:
@@ -99,22 +165,21 @@ def run_one(config: R2D2Config | PPOConfig, output: Path, *, quiet: bool) -> Tra
     from splice.examples import ppo, r2d2
 
     output.mkdir(parents=True, exist_ok=True)
-    bar = None if quiet else _progress_bar(config)
+    bar = None if quiet else make_bar(config.total_frames, desc=config.agent)
     last_eval = float("nan")
 
     def progress(point: dict[str, float]) -> None:
         nonlocal last_eval
         last_eval = point.get("eval_return", last_eval)
         if bar is not None:
-            bar.n = int(point["frames"])
             bar.set_postfix(
                 episodes=int(point["episodes"]),
-                ret=f"{point['recent_return']:.0f}",
-                eval=f"{last_eval:.0f}",
+                ret=f"{point['recent_return']:.4g}",
+                eval=f"{last_eval:.4g}",
                 loss=f"{point['loss']:.3f}",
                 refresh=False,
             )
-            bar.refresh()
+            bar.update(int(point["frames"]) - bar.n)  # prints at most every mininterval
 
     try:
         if isinstance(config, PPOConfig):
@@ -127,10 +192,15 @@ def run_one(config: R2D2Config | PPOConfig, output: Path, *, quiet: bool) -> Tra
     summary = result.summary()
     (output / "summary.json").write_text(json.dumps(summary, indent=2))
     figure = plot_curves({config.agent: result}, output / "learning_curve.png")
+    kept = (
+        f"kept model (best periodic evaluation, at {result.kept_frames} frames)"
+        if result.kept_frames is not None
+        else "last weights"
+    )
     print(
-        f"{config.agent} (seed {config.seed}): greedy evaluation over {config.eval_episodes} "
-        f"episodes: mean return {result.final_mean:.1f} (last weights: "
-        f"{summary['last_mean']:.1f}); {result.frames} frames, {result.updates} updates, "
+        f"{config.agent} on {_task_name(config)} (seed {config.seed}): greedy mean return over "
+        f"{config.eval_episodes} fresh episodes: {kept} {result.final_mean:.4g}, last weights "
+        f"{summary['last_mean']:.4g}; {result.frames} frames, {result.updates} updates, "
         f"{result.wall_seconds:.0f} s"
     )
     print(f"summary: {output / 'summary.json'}\nlearning curve: {figure}")
@@ -139,11 +209,14 @@ def run_one(config: R2D2Config | PPOConfig, output: Path, *, quiet: bool) -> Tra
 
 def plot_curves(results: dict[str, TrainResult], path: Path) -> Path:
     """Greedy evaluation return (and training-episode return) against frames, one figure."""
+    import gymnasium as gym
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    fields = next(iter(results.values())).config
+    config = R2D2Config(**fields) if "env_id" in fields else R2D2Config()  # ppo: masked CartPole
     fig, ax = plt.subplots(figsize=(7, 4))
     for i, (agent, result) in enumerate(results.items()):
         color = f"C{i}"
@@ -156,10 +229,12 @@ def plot_curves(results: dict[str, TrainResult], path: Path) -> Path:
             alpha=0.35,
             linestyle="--",
         )
-    ax.axhline(400, color="grey", linewidth=0.8, linestyle=":")
+    threshold = gym.spec(config.env_id.rpartition(":")[2]).reward_threshold
+    if threshold is not None:
+        ax.axhline(threshold, color="grey", linewidth=0.8, linestyle=":")
     ax.set_xlabel("frames collected")
-    ax.set_ylabel("return (max 500)")
-    ax.set_title("Velocity-masked CartPole: greedy evaluation (solid), training episodes (dashed)")
+    ax.set_ylabel("return")
+    ax.set_title(f"{_task_name(config)}: greedy evaluation (solid), training episodes (dashed)")
     ax.title.set_fontsize(9)
     ax.legend()
     fig.tight_layout()
@@ -168,18 +243,10 @@ def plot_curves(results: dict[str, TrainResult], path: Path) -> Path:
     return path
 
 
-def _progress_bar(config: R2D2Config | PPOConfig) -> Any:
-    from splice.collectors._progress import require_tqdm
-
-    tqdm = require_tqdm()
-    return tqdm(
-        total=config.total_frames,
-        unit="frames",
-        unit_scale=True,
-        desc=config.agent,
-        dynamic_ncols=True,
-        file=sys.stderr,
-    )
+def _task_name(config: R2D2Config | PPOConfig) -> str:
+    if isinstance(config, PPOConfig):
+        return f"velocity-masked {MASKABLE}"
+    return f"velocity-masked {config.env_id}" if config.masked else config.env_id
 
 
 if __name__ == "__main__":

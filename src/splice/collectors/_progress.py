@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import sys
 from collections import deque
 from typing import Any
 
 import numpy as np
 
-__all__ = ["ProgressBar", "require_tqdm"]
+__all__ = ["ProgressBar", "make_bar", "require_tqdm"]
+
+#: Seconds between two refreshes of a bar written to a terminal, and to anything else (a log
+#: file or a pipe, where every refresh is a new line).
+TERMINAL_INTERVAL, LOG_INTERVAL = 0.5, 20.0
 
 
 def require_tqdm() -> Any:
@@ -20,6 +25,23 @@ def require_tqdm() -> Any:
             "(or pip install tqdm)"
         ) from None
     return tqdm
+
+
+def make_bar(total: int | None, **kwargs: Any) -> Any:
+    """A tqdm bar counting frames: live on a terminal, a line every 20 s on anything else.
+
+    ``kwargs`` go to ``tqdm`` (``file`` defaults to ``sys.stderr``).
+
+    Examples:
+        >>> import io
+        >>> make_bar(100, file=io.StringIO()).mininterval
+        20.0
+    """
+    tqdm = require_tqdm()
+    file = kwargs.setdefault("file", sys.stderr)
+    terminal = bool(getattr(file, "isatty", lambda: False)())
+    kwargs.setdefault("mininterval", TERMINAL_INTERVAL if terminal else LOG_INTERVAL)
+    return tqdm(total=total, unit="frames", unit_scale=True, dynamic_ncols=True, **kwargs)
 
 
 class ProgressBar:
@@ -39,8 +61,7 @@ class ProgressBar:
     """
 
     def __init__(self, total: int | None, **kwargs: Any) -> None:
-        tqdm = require_tqdm()
-        self.bar = tqdm(total=total, unit="frames", unit_scale=True, dynamic_ncols=True, **kwargs)
+        self.bar = make_bar(total, **kwargs)
         self.episodes = 0
         self._recent: deque[float] = deque(maxlen=100)
 

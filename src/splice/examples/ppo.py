@@ -435,7 +435,7 @@ def train(config: PPOConfig, *, progress: Progress | None = None) -> PPOResult:
         track_episodes=True,
     )
     result = PPOResult(config=asdict(config))
-    best: tuple[float, dict[str, Tensor] | None] = (-np.inf, None)
+    best: tuple[float, int, dict[str, Tensor] | None] = (-np.inf, 0, None)
     losses: list[float] = []
     next_eval, solved_in_a_row = config.eval_every, 0
     eval_seconds = eval_cpu = 0.0  # the evaluations' own wall and CPU time
@@ -484,7 +484,7 @@ def train(config: PPOConfig, *, progress: Progress | None = None) -> PPOResult:
                 point["load_1min"] = os.getloadavg()[0]
                 point["train_cpu_seconds"] = c2 - start_cpu - eval_cpu
                 if point["eval_return"] >= best[0]:
-                    best = (point["eval_return"], copy.deepcopy(net.state_dict()))
+                    best = (point["eval_return"], frames, copy.deepcopy(net.state_dict()))
                 result.curve.append(point)
                 eval_seconds += time.perf_counter() - t2
                 eval_cpu += time.process_time() - c2
@@ -505,8 +505,9 @@ def train(config: PPOConfig, *, progress: Progress | None = None) -> PPOResult:
     result.episodes = list(collector.episode_log)
     final_seed = 999_000 + config.seed
     result.last_returns = evaluate(net, config.eval_episodes, seed=final_seed).tolist()
-    if config.keep_best and best[1] is not None:
-        net.load_state_dict(best[1])
+    if config.keep_best and best[2] is not None:
+        net.load_state_dict(best[2])
+        result.kept_frames, result.kept_eval_return = int(best[1]), float(best[0])
         result.final_returns = evaluate(net, config.eval_episodes, seed=final_seed).tolist()
     else:
         result.final_returns = result.last_returns

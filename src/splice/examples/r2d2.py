@@ -1,7 +1,10 @@
-"""Recurrent DQN (R2D2-style) on velocity-masked CartPole, built from splice's parts.
+"""Recurrent DQN (R2D2-style) on a partially observed task, built from splice's parts.
+
+The default task is velocity-masked CartPole; any gymnasium env with discrete actions works
+(``R2D2Config(env_id=...)``, see :func:`splice.examples.tasks.make_task`).
 
 * **Collection**: :class:`splice.Collector` runs an epsilon-greedy recurrent policy on 16
-  vectorised masked-CartPole envs **in the background** (``collector.start()``), carrying the
+  vectorised envs **in the background** (``collector.start()``), carrying the
   LSTM state from step to step, zeroing it at episode starts and storing the state entering
   every step; it writes into a :class:`splice.ReplayBuffer`.
 * **Replay**: a :class:`splice.SliceSampler` draws ``[32, burn_in + seq_len]`` sequences that
@@ -39,6 +42,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
+import gymnasium as gym
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -46,18 +50,20 @@ from tensordict import TensorDictBase
 from torch import Tensor, nn
 
 from splice.collectors import Collector
-from splice.examples.masked_cartpole import KEPT, make_masked_cartpole
 from splice.examples.qnets import ENV_INDEX_KEY, STATE_KEY, EpsilonGreedy, MLPQNet, RecurrentQNet
-from splice.layout import MASK, NEXT_OBSERVATION, OBSERVATION
+from splice.examples.tasks import MASKABLE, make_task, task_dims
+from splice.layout import MASK, NEXT_OBSERVATION, OBSERVATION, REWARD
 from splice.replay import BURN_IN, LazyTensorStorage, ReplayBuffer, SliceSampler
-from splice.targets import n_step_return
+from splice.targets import TargetKeys, n_step_return
 
 __all__ = ["AGENTS", "R2D2Config", "TrainResult", "evaluate", "train"]
+
+#: Where the learner puts ``reward * reward_scale`` for the targets (with a scale != 1).
+SCALED_REWARD_KEY = ("next", "scaled_reward")
 
 Agent = Literal["recurrent", "mlp", "naive"]
 #: The agents ``train`` can run (see the module docs).
 AGENTS: tuple[Agent, ...] = ("recurrent", "mlp", "naive")
-N_ACTIONS = 2
 
 
 @dataclass
@@ -66,6 +72,11 @@ class R2D2Config:
 
     Attributes:
         agent: ``"recurrent"``, ``"mlp"`` or ``"naive"`` (see the module docs).
+        env_id: the gymnasium env (discrete actions; see :func:`~splice.examples.tasks.make_task`).
+        mask_velocity: remove CartPole's velocities; ``None`` (default): yes for
+            ``CartPole-v1``, no for any other env.
+        max_episode_steps: time limit of training and evaluation episodes; ``None`` keeps the
+            env's own.
         seed: seeds the envs, the policy's exploration, the network and the sampler.
         total_frames: environment steps to collect (dead autoreset steps are not counted).
         time_limit: stop training after this many seconds even if frames remain.
@@ -81,7 +92,12 @@ class R2D2Config:
         frames_per_update: collected frames per gradient step (the replay ratio).
         n_step: steps of the n-step return.
         gamma: discount.
-        lr: Adam learning rate.
+        reward_scale: rewards are multiplied by this in the learning targets (returns are
+            reported unscaled); popgym's per-step rewards are ~1/episode length.
+        lr: Adam learning rate at the start.
+        lr_end: learning rate at ``total_frames``, reached linearly from ``lr_decay_start``
+            frames on (``None``: constant ``lr``).
+        lr_decay_start: frames collected when the learning rate starts to decay.
         grad_clip: gradient-norm clip.
         target_update: gradient steps between target-network copies.
         eps_start: initial exploration rate.
@@ -96,6 +112,9 @@ class R2D2Config:
     """
 
     agent: Agent = "recurrent"
+    env_id: str = MASKABLE
+    mask_velocity: bool | None = None
+    max_episode_steps: int | None = None
     seed: int = 0
     total_frames: int = 150_000
     time_limit: float = 480.0
@@ -111,7 +130,10 @@ class R2D2Config:
     frames_per_update: int = 8
     n_step: int = 5
     gamma: float = 0.995
+    reward_scale: float = 1.0
     lr: float = 5e-4
+    lr_end: float | None = None
+    lr_decay_start: int = 0
     grad_clip: float = 10.0
     target_update: int = 500
     eps_start: float = 1.0
@@ -129,6 +151,33 @@ class R2D2Config:
         for name in ("total_frames", "num_envs", "steps_per_batch", "seq_len", "batch_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not 0.0 <= self.gamma <= 1.0:
+            raise ValueError(f"gamma must be in [0, 1], got {self.gamma}")
+        if not self.reward_scale > 0:
+            raise ValueError(f"reward_scale must be > 0, got {self.reward_scale}")
+
+    @property
+    def masked(self) -> bool:
+        """Whether CartPole's velocities are removed (``mask_velocity`` resolved)."""
+        return self.env_id == MASKABLE if self.mask_velocity is None else self.mask_velocity
+
+    def make_env(self, num_envs: int) -> gym.vector.VectorEnv:
+        """``num_envs`` envs of the run's task."""
+        return make_task(
+            self.env_id,
+            num_envs,
+            mask_velocity=self.masked,
+            max_episode_steps=self.max_episode_steps,
+        )
+
+    def learning_rate(self, frames: int) -> float:
+        """``lr``, then from ``lr_decay_start`` frames on linear down to ``lr_end`` at
+        ``total_frames`` (constant ``lr`` without ``lr_end``)."""
+        if self.lr_end is None or frames <= self.lr_decay_start:
+            return self.lr
+        span = max(1, self.total_frames - self.lr_decay_start)
+        frac = min(1.0, (frames - self.lr_decay_start) / span)
+        return self.lr + frac * (self.lr_end - self.lr)
 
     def epsilon(self, frames: int) -> float:
         """Linear decay from ``eps_start`` to ``eps_end`` over ``eps_decay_frames``."""
@@ -138,13 +187,21 @@ class R2D2Config:
 
 @dataclass
 class TrainResult:
-    """What a run produced: the learning curve, the final evaluation and timings."""
+    """What a run produced: the learning curve, the final evaluations and timings.
+
+    ``final_returns`` are the greedy returns of the model the run keeps: the checkpoint with
+    the best periodic evaluation (taken at ``kept_frames``, where it scored
+    ``kept_eval_return``) when ``keep_best`` is set, else the last weights.
+    ``last_returns`` are those of the last weights, on the same episodes.
+    """
 
     config: dict[str, Any]
     curve: list[dict[str, float]] = field(default_factory=list)
     episodes: list[tuple[int, float]] = field(default_factory=list)
     final_returns: list[float] = field(default_factory=list)
     last_returns: list[float] = field(default_factory=list)
+    kept_frames: int | None = None
+    kept_eval_return: float | None = None
     frames: int = 0
     updates: int = 0
     train_seconds: float = 0.0
@@ -165,11 +222,11 @@ class TrainResult:
         return out
 
 
-def make_network(config: R2D2Config) -> RecurrentQNet | MLPQNet:
+def make_network(config: R2D2Config, obs_dim: int, n_actions: int) -> RecurrentQNet | MLPQNet:
     """The Q-network of ``config.agent``."""
     if config.agent == "mlp":
-        return MLPQNet(len(KEPT), N_ACTIONS, config.hidden)
-    return RecurrentQNet(len(KEPT), N_ACTIONS, config.hidden, config.cell)
+        return MLPQNet(obs_dim, n_actions, config.hidden)
+    return RecurrentQNet(obs_dim, n_actions, config.hidden, config.cell)
 
 
 def make_replay(config: R2D2Config) -> ReplayBuffer:
@@ -208,6 +265,11 @@ class Learner:
         self.optimizer = torch.optim.Adam(net.parameters(), lr=config.lr)
         self.updates = 0
 
+    def set_learning_rate(self, lr: float) -> None:
+        """Use ``lr`` from the next gradient step on."""
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+
     def update(self, data: TensorDictBase, info: dict[str, Any]) -> float:
         """One gradient step on a ``[S, L]`` sample; returns the loss."""
         cfg = self.config
@@ -230,7 +292,11 @@ class Learner:
             next_value = q_target[:, 1:].gather(-1, best).squeeze(-1)
             # Up to n rewards, then next_value of the last step used (none if terminated):
             # stops at episode ends and at each sequence's end (the sampler marks it).
-            targets = n_step_return(data, next_value, n=cfg.n_step, gamma=cfg.gamma)
+            keys = None
+            if cfg.reward_scale != 1.0:
+                data.set(SCALED_REWARD_KEY, data[REWARD] * cfg.reward_scale)
+                keys = TargetKeys(reward=SCALED_REWARD_KEY)
+            targets = n_step_return(data, next_value, n=cfg.n_step, gamma=cfg.gamma, keys=keys)
             targets = targets.squeeze(-1)
         action = data["action"].long()
         q = q_all[:, :length].gather(-1, action.unsqueeze(-1)).squeeze(-1)
@@ -251,25 +317,42 @@ class Learner:
 
 
 @torch.no_grad()
-def evaluate(net: RecurrentQNet | MLPQNet, episodes: int, seed: int) -> np.ndarray:
-    """Greedy returns of ``episodes`` episodes (one per parallel env, capped at 500 steps).
+def evaluate(
+    net: RecurrentQNet | MLPQNet,
+    env: gym.vector.VectorEnv,
+    seed: int,
+    *,
+    max_steps: int = 100_000,
+) -> np.ndarray:
+    """Greedy returns of one episode per env of ``env`` (stopped after ``max_steps`` steps).
 
     Examples:
-        >>> evaluate(MLPQNet(2, 2, hidden=8), episodes=3, seed=0).shape
+        >>> from splice.examples.tasks import make_task
+        >>> env = make_task("CartPole-v1", num_envs=3, mask_velocity=True)
+        >>> evaluate(MLPQNet(2, 2, hidden=8), env, seed=0).shape
         (3,)
     """
-    env = make_masked_cartpole(episodes)
+    obs, _ = env.reset(seed=seed)
+    episodes = env.num_envs
+    state = net.initial_state(episodes)
+    returns = np.zeros(episodes)
+    alive = np.ones(episodes, dtype=bool)
+    for _ in range(max_steps):
+        q, state = net(torch.from_numpy(obs)[:, None], state)
+        obs, reward, terminated, truncated, _ = env.step(q[:, 0].argmax(-1).numpy())
+        returns += reward * alive
+        alive &= ~(terminated | truncated)
+        if not alive.any():
+            break
+    return returns
+
+
+def _evaluate(
+    config: R2D2Config, net: RecurrentQNet | MLPQNet, episodes: int, seed: int
+) -> np.ndarray:
+    env = config.make_env(episodes)
     try:
-        obs, _ = env.reset(seed=seed)
-        state = net.initial_state(episodes)
-        returns = np.zeros(episodes)
-        alive = np.ones(episodes, dtype=bool)
-        while alive.any():
-            q, state = net(torch.from_numpy(obs)[:, None], state)
-            obs, reward, terminated, truncated, _ = env.step(q[:, 0].argmax(-1).numpy())
-            returns += reward * alive
-            alive &= ~(terminated | truncated)
-        return returns
+        return evaluate(net, env, seed)
     finally:
         env.close()
 
@@ -278,7 +361,7 @@ Progress = Callable[[dict[str, float]], None]
 
 
 def train(config: R2D2Config, *, progress: Progress | None = None) -> TrainResult:
-    """Train ``config.agent`` on velocity-masked CartPole; evaluate it greedily at the end.
+    """Train ``config.agent`` on ``config``'s task; evaluate it greedily at the end.
 
     Args:
         config: the run's settings.
@@ -289,15 +372,17 @@ def train(config: R2D2Config, *, progress: Progress | None = None) -> TrainResul
     start_wall, start_cpu = time.perf_counter(), time.process_time()
     torch.set_num_threads(config.threads)
     torch.manual_seed(config.seed)
-    net = make_network(config)
+    env = config.make_env(config.num_envs)
+    obs_dim, n_actions = task_dims(env)
+    net = make_network(config, obs_dim, n_actions)
     policy = EpsilonGreedy(
-        net, N_ACTIONS, seed=config.seed, epsilon=config.eps_start,
+        net, n_actions, seed=config.seed, epsilon=config.eps_start,
         tag_env_index=config.agent == "naive",
     )  # fmt: skip
     replay = make_replay(config)
     learner = Learner(net, config)
     collector = Collector(
-        make_masked_cartpole(config.num_envs),
+        env,
         policy,
         frames_per_batch=config.num_envs * config.steps_per_batch,
         total_frames=config.total_frames,
@@ -306,7 +391,7 @@ def train(config: R2D2Config, *, progress: Progress | None = None) -> TrainResul
         track_episodes=True,
     )
     result = TrainResult(config=asdict(config))
-    best: tuple[float, dict[str, Tensor] | None] = (-np.inf, None)
+    best: tuple[float, float, dict[str, Tensor] | None] = (-np.inf, 0.0, None)
     losses: list[float] = []
     next_eval = config.eval_every
     max_lag = 2 * config.num_envs * config.steps_per_batch // config.frames_per_update
@@ -317,29 +402,36 @@ def train(config: R2D2Config, *, progress: Progress | None = None) -> TrainResul
         while True:
             frames = replay.write_count
             policy.epsilon = config.epsilon(frames)
+            learner.set_learning_rate(config.learning_rate(frames))
             due = max(0, frames - config.learning_starts) // config.frames_per_update
-            out_of_time = time.perf_counter() - start_wall > config.time_limit
+            if time.perf_counter() - start_wall > config.time_limit:
+                break
             # Rate limiter: the collector may run ahead of the learner by two batches at most.
             if not paused and due - learner.updates > max_lag and collector.running:
                 collector.pause()
                 paused = True
-            if learner.updates < due and not out_of_time:
+            if learner.updates < due:
                 data, info = replay.sample(return_info=True)
                 losses.append(learner.update(data, info))
             elif paused:
                 collector.resume()
                 paused = False
-            elif not collector.running or out_of_time:
+            elif not collector.running:
                 break
             else:
                 time.sleep(0.0005)
             if frames >= next_eval:
                 next_eval += config.eval_every
-                returns = evaluate(net, config.eval_every_episodes, seed=10_000 + len(result.curve))
+                if not paused and collector.running:  # no collection while evaluating
+                    collector.pause()
+                    paused = True
+                returns = _evaluate(
+                    config, net, config.eval_every_episodes, seed=10_000 + len(result.curve)
+                )
                 point = _curve_point(frames, returns, collector.episode_log, losses, start_wall)
                 result.curve.append(point)
                 if point["eval_return"] >= best[0]:
-                    best = (point["eval_return"], copy.deepcopy(net.state_dict()))
+                    best = (point["eval_return"], frames, copy.deepcopy(net.state_dict()))
                 if progress is not None:
                     progress(point)
             elif progress is not None and time.perf_counter() - last_report > 0.5:
@@ -353,10 +445,11 @@ def train(config: R2D2Config, *, progress: Progress | None = None) -> TrainResul
     result.frames, result.updates = replay.write_count, learner.updates
     result.episodes = list(collector.episode_log)
     final_seed = 999_000 + config.seed
-    result.last_returns = evaluate(net, config.eval_episodes, seed=final_seed).tolist()
-    if config.keep_best and best[1] is not None:
-        net.load_state_dict(best[1])
-        result.final_returns = evaluate(net, config.eval_episodes, seed=final_seed).tolist()
+    result.last_returns = _evaluate(config, net, config.eval_episodes, final_seed).tolist()
+    if config.keep_best and best[2] is not None:
+        net.load_state_dict(best[2])
+        result.kept_frames, result.kept_eval_return = int(best[1]), float(best[0])
+        result.final_returns = _evaluate(config, net, config.eval_episodes, final_seed).tolist()
     else:
         result.final_returns = result.last_returns
     result.wall_seconds = time.perf_counter() - start_wall
