@@ -192,7 +192,7 @@ BATCH = (
     4 * config.steps_per_batch
 )  # each worker: 4 envs x steps_per_batch steps per batch
 TRAIN_FRAMES = BATCH * (190 if SMALL else 4_700)  # a whole number of batches
-net = make_network(config)
+net = make_network(config, obs_dim=2, n_actions=2)  # masked CartPole: x and angle
 policy = EpsilonGreedy(net, n_actions=2, seed=0, epsilon=0.2)
 rb = RayReplayBuffer(  # the replay settings of splice.examples.r2d2, in a Ray actor
     storage=LazyTensorStorage(config.capacity),

@@ -196,6 +196,34 @@ def _alive(pid: int) -> bool:
         return False
 
 
+#: Seconds an actor gets to exit on its own (an intended exit, which Ray does not report)
+#: before it is killed: a killed actor makes Ray print "A worker died or was killed ..." in
+#: the driver.
+EXIT_GRACE = 1.0
+
+
+def end_actors(handles: list[Any], local_pids: list[int], deadline: float) -> None:
+    """End actors whose class has an ``exit`` method (:func:`exit_actor`): ask each to exit,
+    wait up to :data:`EXIT_GRACE` seconds (and no later than ``deadline``) for the processes
+    of this node, then ``ray.kill`` what is left and wait for it until ``deadline``."""
+    ray = require_ray()
+    if not ray.is_initialized():
+        return
+    for handle in handles:
+        with contextlib.suppress(Exception):  # already gone
+            handle.exit.remote()
+    wait_until_gone(local_pids, min(deadline, time.monotonic() + EXIT_GRACE))
+    for handle in handles:
+        with contextlib.suppress(Exception):  # already gone, or Ray is shut down
+            ray.kill(handle, no_restart=True)
+    wait_until_gone(local_pids, deadline)
+
+
+def exit_actor() -> None:
+    """End the calling actor's process cleanly (the ``exit`` method of splice's actors)."""
+    require_ray().actor.exit_actor()
+
+
 def wait_until_gone(pids: list[int], deadline: float) -> list[int]:
     """Wait (until ``deadline``, a ``time.monotonic()`` value) for the processes ``pids`` of
     this machine to end; returns those still running."""

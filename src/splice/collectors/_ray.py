@@ -41,7 +41,6 @@ every pool's actors still alive (:data:`splice._remote.ACTORS`).
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import threading
 import time
@@ -53,7 +52,15 @@ from typing import Any
 import cloudpickle
 from tensordict import TensorDict, TensorDictBase
 
-from splice._remote import ACTORS, node_is_local, pack, require_ray, unpack, wait_until_gone
+from splice._remote import (
+    ACTORS,
+    end_actors,
+    exit_actor,
+    node_is_local,
+    pack,
+    require_ray,
+    unpack,
+)
 from splice.collectors._pool import (
     BUSY,
     CLOSED,
@@ -161,6 +168,10 @@ class RayWorker:
         frames = core.frames
         core.close()
         return frames
+
+    def exit(self) -> None:
+        """End this actor's process (an intended exit: see :func:`splice._remote.end_actors`)."""
+        exit_actor()
 
 
 _RemoteWorker = ray.remote(RayWorker)
@@ -489,10 +500,8 @@ class RayPool(WorkerPool):
                 actor.pending = actor.reply = None
             self._weights_ref = None
         ACTORS.discard(self)
-        for actor in actors:
-            with contextlib.suppress(Exception):  # already gone, or Ray is shut down
-                ray.kill(actor.handle, no_restart=True)
-        wait_until_gone([a.pid for a in actors if a.local and a.pid is not None], deadline)
+        local = [a.pid for a in actors if a.local and a.pid is not None]
+        end_actors([a.handle for a in actors], local, deadline)
 
 
 def _make(

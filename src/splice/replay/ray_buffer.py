@@ -30,7 +30,15 @@ import cloudpickle
 import torch
 from tensordict import TensorDictBase
 
-from splice._remote import ACTORS, node_is_local, pack, require_ray, unpack, wait_until_gone
+from splice._remote import (
+    ACTORS,
+    end_actors,
+    exit_actor,
+    node_is_local,
+    pack,
+    require_ray,
+    unpack,
+)
 from splice.replay.buffer import ReplayBuffer
 from splice.replay.samplers import Sampler
 from splice.replay.storage import Storage
@@ -112,6 +120,10 @@ class BufferActor:
 
     def loads(self, path: str) -> None:
         self._rb().loads(path)
+
+    def exit(self) -> None:
+        """End this actor's process (an intended exit: see :func:`splice._remote.end_actors`)."""
+        exit_actor()
 
 
 _remote_class: Any = None
@@ -346,11 +358,7 @@ class RayReplayBuffer:
             return
         self._closed = True
         ACTORS.discard(self)
-        ray = require_ray()
-        if ray.is_initialized():
-            ray.kill(self._actor, no_restart=True)
-        if self._pid is not None:
-            wait_until_gone([self._pid], deadline)
+        end_actors([self._actor], [] if self._pid is None else [self._pid], deadline)
 
     def __enter__(self) -> RayReplayBuffer:
         return self
