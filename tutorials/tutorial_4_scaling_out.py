@@ -230,6 +230,7 @@ assert collector.remote_writes
 # of the policy, not a weight: the workers keep the value they were built with.
 
 learner = Learner(net, config)
+EVAL_ENV = make_masked_cartpole(5)  # one greedy episode per env
 curve, losses = [], []
 collector.start()
 while len(rb) < config.learning_starts:
@@ -240,7 +241,7 @@ while learner.updates < UPDATES:
     if learner.updates % 10 == 0:
         collector.update_policy_weights_(policy)
     if learner.updates % (UPDATES // 8) == 0:
-        ret = float(evaluate(net, episodes=5, seed=learner.updates).mean())
+        ret = float(evaluate(net, EVAL_ENV, seed=learner.updates).mean())
         curve.append((learner.updates, len(rb), float(np.mean(losses)), ret))
         losses = []
 collector.wait()  # the workers finish the frame budget
@@ -261,6 +262,7 @@ sample = rb.sample()
 ids = sample[TRAJ_IDS]
 assert bool((ids == ids[:, :1]).all()), "a sequence mixes episodes"
 plot_frames({"2 processes": local_frames, "2 Ray actors": ray_frames})
+EVAL_ENV.close()
 rb.shutdown()
 ray.shutdown()
 

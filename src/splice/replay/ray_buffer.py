@@ -177,13 +177,13 @@ class RayReplayBuffer:
 
         >>> import gymnasium as gym
         >>> import ray
-        >>> from splice import (LazyTensorStorage, MultiAsyncCollector, RayReplayBuffer,
+        >>> from splice import (LazyTensorStorage, MultiSyncCollector, RayReplayBuffer,
         ...                     SliceSampler)
         >>> _ = ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
         ...              _node_ip_address="127.0.0.1", ignore_reinit_error=True)
         >>> rb = RayReplayBuffer(storage=LazyTensorStorage(10_000),
         ...                      sampler=SliceSampler(slice_len=8, seed=0), batch_size=64)
-        >>> collector = MultiAsyncCollector(
+        >>> collector = MultiSyncCollector(
         ...     lambda: gym.make("CartPole-v1"), num_workers=2, frames_per_batch=250,
         ...     total_frames=2_000, replay_buffer=rb, backend="ray",
         ...     backend_options={"num_cpus": 0.5}, seed=0)
