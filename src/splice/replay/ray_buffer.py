@@ -197,8 +197,7 @@ class RayReplayBuffer:
         >>> sample = rb.sample()
         >>> sample.batch_size, bool((sample["collector", "traj_ids"].view(8, 8).diff(1) == 0).all())
         (torch.Size([64]), True)
-        >>> rb.shutdown()
-        >>> ray.shutdown()
+        >>> rb.shutdown()  # ends the buffer's actor (the collector ended its own)
     """
 
     def __init__(
