@@ -724,10 +724,15 @@ class LazyMemmapStorage(Storage):
         else:
             doc = self._meta_doc(state, self._seq + 1)
             tmp = stage_json(self._meta_path, doc)
-        os.replace(tmp, self._meta_path)
+        self._install_meta(doc, tmp)
         self._seq += 1
-        self._meta = doc
         self._commit = state
+
+    def _install_meta(self, doc: dict[str, object], staged: Path) -> None:
+        """Make the staged ``meta.json`` (``doc``, written to ``staged``) the committed one;
+        text written since the previous one becomes the logs' committed text."""
+        os.replace(staged, self._meta_path)
+        self._meta = doc
         for log in self._logs.values():
             log.remove_stale()
 
@@ -813,10 +818,7 @@ class LazyMemmapStorage(Storage):
         same commit and write sequence number: no rows were appended)."""
         assert self._commit is not None
         doc = self._meta_doc(self._commit, self._seq)
-        os.replace(stage_json(self._meta_path, doc), self._meta_path)
-        self._meta = doc
-        for log in self._logs.values():
-            log.remove_stale()
+        self._install_meta(doc, stage_json(self._meta_path, doc))
 
     def gather(self, rows: Tensor) -> Columns:
         self._check_usable()
