@@ -64,6 +64,24 @@ def test_pause_resume_and_shutdown_stop_within_a_batch(list_buffer):
     assert torch.equal(data["observation"][..., 0], torch.arange(n / 2).expand(2, -1))
 
 
+def test_gate_holds_collection_until_it_opens_and_shutdown_still_works(list_buffer):
+    rb = list_buffer
+    allowed = [2]  # batches the caller lets the collector write
+    c = Collector(counting_vec([3, 4]), frames_per_batch=20, replay_buffer=rb)  # endless
+    c.start(gate=lambda: len(rb.items) < allowed[0])
+    _wait_for(lambda: len(rb.items) == 2)
+    time.sleep(0.1)  # however long the caller takes, the gate holds: nothing more is written
+    assert len(rb.items) == 2
+    allowed[0] = 5
+    _wait_for(lambda: len(rb.items) == 5)
+    time.sleep(0.05)
+    assert len(rb.items) == 5
+    with c.pause():  # a pause request is honoured while the gate is closed
+        assert c.running
+    c.shutdown(timeout=10)  # and so is a stop
+    assert not c.running and len(rb) == 100
+
+
 def test_shutdown_flushes_in_flight_episodes_with_trajs_per_batch(list_buffer):
     rb = list_buffer
     c = Collector(

@@ -18,7 +18,7 @@ import threading
 import traceback
 import weakref
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Protocol
 
 import numpy as np
@@ -391,7 +391,7 @@ class CollectorBase(ABC):
         self._sync_weights()
 
     # --------------------------------------------------------------- background
-    def start(self) -> None:
+    def start(self, *, gate: Callable[[], bool] | None = None) -> None:
         """Collect in a background thread into ``replay_buffer`` while the caller trains.
 
         The thread stops by itself at ``total_frames`` (with ``trajs_per_batch``, after the
@@ -399,6 +399,14 @@ class CollectorBase(ABC):
         A collector still collecting in the background when the interpreter exits is shut down
         then (the current batch is finished and stored; waits at most ``EXIT_TIMEOUT`` = 6 s),
         so no thread is left running while the interpreter tears down.
+
+        Args:
+            gate: called in the collecting thread before each batch; while it returns False the
+                thread waits for it (polling every 0.5 ms; :meth:`pause` and :meth:`shutdown`
+                still work). A rate limiter: ``gate=lambda: frames_ahead() < limit`` keeps the
+                collector from running ahead of a learner however the two threads are scheduled,
+                which a learner pausing the collector itself cannot guarantee (it may not run
+                while the collector writes several batches).
 
         Raises:
             RuntimeError: no ``replay_buffer``, already started, or shut down.
@@ -429,7 +437,7 @@ class CollectorBase(ABC):
                     self._bar.close()
                     self._bar = None
 
-        self._runner = BackgroundRunner(step, on_exit=on_exit)
+        self._runner = BackgroundRunner(step, on_exit=on_exit, gate=gate)
         _shut_down_at_exit(self)
         self._runner.start()
 

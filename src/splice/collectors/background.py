@@ -23,6 +23,7 @@ Examples:
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 
 __all__ = ["BackgroundRunner", "StopCollection"]
@@ -41,6 +42,9 @@ class BackgroundRunner:
         name: the thread's name.
         on_exit: called in the thread after the last ``step`` (also after a stop request or an
             error), e.g. to flush what is buffered.
+        gate: called in the thread before each ``step``; while it returns False the thread
+            waits (checking again every ``GATE_POLL`` seconds, pause and stop requests still
+            honoured), e.g. a rate limiter keeping collection from running ahead of learning.
 
     Examples:
         >>> import time
@@ -55,15 +59,19 @@ class BackgroundRunner:
         False
     """
 
+    GATE_POLL = 0.0005
+
     def __init__(
         self,
         step: Callable[[], bool],
         *,
         name: str = "splice-collector",
         on_exit: Callable[[], None] | None = None,
+        gate: Callable[[], bool] | None = None,
     ) -> None:
         self._step = step
         self._on_exit = on_exit
+        self._gate = gate
         self._stop = threading.Event()
         self._resume = threading.Event()
         self._resume.set()
@@ -80,6 +88,9 @@ class BackgroundRunner:
                     self._paused.set()
                     self._resume.wait()
                     self._paused.clear()
+                    continue
+                if self._gate is not None and not self._gate():
+                    time.sleep(self.GATE_POLL)
                     continue
                 if not self._step():
                     break

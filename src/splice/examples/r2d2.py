@@ -12,8 +12,9 @@ The default task is velocity-masked CartPole; any gymnasium env with discrete ac
   stored state at each sequence's first step (R2D2's "stored state" with burn-in).
 * **Learning**: n-step double DQN on the sequences (Huber loss, hard target updates,
   targets from :func:`splice.targets.n_step_return`), one gradient step per
-  ``frames_per_update`` collected frames. The learner keeps that ratio by pausing the
-  collector when it runs ahead (a sample-to-insert rate limiter).
+  ``frames_per_update`` collected frames. The collector's thread keeps that ratio: it waits
+  before a batch while it is two batches ahead of the learner (a sample-to-insert rate limiter,
+  ``Collector.start(gate=...)``).
 
 Three agents share everything but how they use memory:
 
@@ -395,21 +396,23 @@ def train(config: R2D2Config, *, progress: Progress | None = None) -> TrainResul
     losses: list[float] = []
     next_eval = config.eval_every
     max_lag = 2 * config.num_envs * config.steps_per_batch // config.frames_per_update
+
+    def updates_due(frames: int) -> int:
+        return max(0, frames - config.learning_starts) // config.frames_per_update
+
     paused = False
     last_report = 0.0
-    collector.start()
+    # Rate limiter: the collector runs ahead of the learner by two batches at most; the
+    # collecting thread checks it before each batch (see Collector.start).
+    collector.start(gate=lambda: updates_due(replay.write_count) - learner.updates <= max_lag)
     try:
         while True:
             frames = replay.write_count
             policy.epsilon = config.epsilon(frames)
             learner.set_learning_rate(config.learning_rate(frames))
-            due = max(0, frames - config.learning_starts) // config.frames_per_update
+            due = updates_due(frames)
             if time.perf_counter() - start_wall > config.time_limit:
                 break
-            # Rate limiter: the collector may run ahead of the learner by two batches at most.
-            if not paused and due - learner.updates > max_lag and collector.running:
-                collector.pause()
-                paused = True
             if learner.updates < due:
                 data, info = replay.sample(return_info=True)
                 losses.append(learner.update(data, info))
