@@ -163,8 +163,9 @@ class PolicyStep:
         return [key for key, _, _ in self.output_specs]
 
     def discover(self, obs: list[Any], init: np.ndarray) -> list[OutputSpec]:
-        """Learn the policy's outputs without taking a step: call it once on ``obs`` (as
-        :meth:`step`, without gradients), then zero the recurrent state as if it never ran.
+        """Learn the policy's outputs without stepping the envs: call it once on ``obs`` (as
+        :meth:`step`, without gradients), then zero the recurrent state as if it never ran
+        (the loop does this before a batch of random actions, which stores the policy's keys).
 
         Returns:
             :attr:`output_specs`.

@@ -5,12 +5,13 @@ process, and each worker of the multi-process and Ray collectors): ``loop.collec
 one ``[B, T]`` batch (``[T]`` for a single env) that follows the data contract.
 
 Per step, the env adapter writes the env's results and this loop the observation, ``is_init``
-and the policy's outputs into the staging arrays owned by
-:class:`~splice.collectors._staging.Staging` (no TensorDict, no per-env Python object per step);
-ids, ``done``, the cut mark and episode statistics are computed once per batch. NEXT_STEP
-autoreset's dead reset steps never reach the data: the loop tops rows up until each holds ``T``
-valid steps and carries the surplus over. Each batch is copied out of staging into fresh
-tensors, so a yielded batch is never overwritten. The reasons are in ``docs/design.md``
+and the policy's outputs (:class:`~splice.collectors._policy_step.PolicyStep`) into the staging
+arrays owned by :class:`~splice.collectors._staging.Staging` (no TensorDict, no per-env Python
+object per step). NEXT_STEP autoreset's dead reset steps never reach the data: the loop tops
+rows up until each holds ``T`` valid steps and carries the surplus over. Each batch is copied
+out of staging into fresh tensors, so a yielded batch is never overwritten, and labelled once
+(ids, ``done``, the cut mark, episode statistics:
+:class:`~splice.collectors._episodes.BatchLabeller`). The reasons are in ``docs/design.md``
 ("Hot loop", "Autoreset modes").
 """
 
@@ -284,8 +285,7 @@ class RolloutLoop:
         action_col = staging.column((ACTION,))
         dead, term_col = staging.dead, staging.column(TERMINATED)
         trunc_col = staging.column(TRUNCATED)
-        out_keys = [] if policy_step is None else policy_step.output_keys
-        out_cols = [staging.column(k) for k in out_keys]
+        out_cols = [staging.column(k) for k in policy_step.output_keys] if policy_step else []
         limit = self._limit
         no_init, init_now = self._no_init, self._init_now
         sample, env_step, env_action = adapter.action_sampler(), adapter.step, adapter.env_action
