@@ -11,11 +11,9 @@ import numpy as np
 from splice.collectors._settings import positive_int
 from splice.collectors.ids import TrajectoryIds
 from splice.envs import EnvAdapter
-from splice.layout import CUT, DONE, IS_INIT, REWARD, TERMINATED, TRAJ_IDS, TRUNCATED
+from splice.layout import CUT, DONE, IS_INIT, REWARD, TERMINATED, TRAJ_IDS, TRUNCATED, Key
 
 __all__ = ["BatchLabeller", "EpisodeStats", "EpisodeTracker", "TimeLimit"]
-
-Key = tuple[str, ...]
 
 
 @dataclass
