@@ -365,7 +365,9 @@ def bench_prioritized(capacity: int, chunks: list[TensorDict], rounds: int) -> l
     """PrioritizedSampler (proportional PER, alpha 0.6, beta 0.4) against TorchRL's: the
     sampler's draw of 512 rows (indices and importance weights), the whole ``sample()``, an
     update of 512 priorities, and the two in turn (a PER training step: every draw then
-    follows a change of the tree)."""
+    follows a change of the tree). Raw limits of ``sample()``: splice's draw followed by a
+    bare ``np.take`` of every stored column at the drawn rows (no buffer, no TensorDict),
+    and that bare gather alone at 512 random rows."""
     from torchrl.data import LazyTensorStorage as TLazy
     from torchrl.data import TensorDictReplayBuffer
     from torchrl.data.replay_buffers.samplers import PrioritizedSampler as TPrioritized
@@ -388,6 +390,16 @@ def bench_prioritized(capacity: int, chunks: list[TensorDict], rounds: int) -> l
     rows = torch.randint(capacity, (BATCH,), generator=gen)
     prio = torch.rand(BATCH, generator=gen) + 0.01
     reps = 20
+    columns = [c.numpy() for c in mine.storage.columns.values()]
+
+    def draw_and_gather() -> list[np.ndarray]:
+        picked = mine.sampler.draw(BATCH).rows
+        return [c.take(picked, axis=0) for c in columns]
+
+    def bare_gather() -> list[np.ndarray]:
+        picked = torch.randint(capacity, (BATCH,), generator=gen).numpy()
+        return [c.take(picked, axis=0) for c in columns]
+
     contenders: dict[str, Callable[[], object]] = {
         "draw: splice": lambda: [mine.sampler.draw(BATCH) for _ in range(reps)],
         "draw: TorchRL": lambda: [
@@ -395,6 +407,8 @@ def bench_prioritized(capacity: int, chunks: list[TensorDict], rounds: int) -> l
         ],
         "sample(): splice": lambda: [mine.sample() for _ in range(reps)],
         "sample(): TorchRL": lambda: [theirs.sample() for _ in range(reps)],
+        "raw: draw + bare gather": lambda: [draw_and_gather() for _ in range(reps)],
+        "raw: bare gather": lambda: [bare_gather() for _ in range(reps)],
         "update_priority(512): splice": lambda: [
             mine.update_priority(rows, prio) for _ in range(reps)
         ],
@@ -414,6 +428,12 @@ def bench_prioritized(capacity: int, chunks: list[TensorDict], rounds: int) -> l
     for what in ("draw", "sample()", "update_priority(512)", "sample() + update_priority(512)"):
         a, b = per[f"{what}: splice"], per[f"{what}: TorchRL"]
         out.append([what, f"{a * 1e3:.3f} ms", f"{b * 1e3:.3f} ms", ratio(b, a)])
+    theirs_sample = per["sample(): TorchRL"]
+    for what, key in (
+        ("raw: splice's draw + bare gather", "raw: draw + bare gather"),
+        ("raw: bare gather of 512 rows", "raw: bare gather"),
+    ):
+        out.append([what, f"{per[key] * 1e3:.3f} ms", "—", ratio(theirs_sample, per[key])])
     return out
 
 
@@ -464,7 +484,7 @@ def main() -> None:
     if missing_extension is None:
         print(
             table(
-                ["operation", "splice", "TorchRL", "TorchRL / splice"],
+                ["operation", "splice", "TorchRL", "TorchRL / splice (raw: / raw)"],
                 bench_prioritized(capacity, chunks, 3 if args.quick else 11),
             )
         )

@@ -49,6 +49,9 @@ def test_bench_replay_quick() -> None:
     assert any(line.startswith("| splice, SliceSampler, [8, 125] batches") for line in lines)
     assert any(line.startswith("| raw slice copy (numpy)") for line in lines)
     assert any("writer / alone" in line for line in lines)
+    if not any("PrioritizedSampler is unavailable" in line for line in lines):
+        assert any(line.startswith("| sample() ") for line in lines)
+        assert any(line.startswith("| raw: splice's draw + bare gather") for line in lines)
 
 
 def test_bench_envs_quick() -> None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
 __all__ = [
     "DenseSet",
@@ -378,8 +379,10 @@ class SumTree:
     in order), ``np.searchsorted``s them into the running sum of the top (recomputed only
     after a change, O(``TOP``)), then, per level, gathers each query's block of running
     sums as one row and picks the first child whose running sum exceeds what is left of the
-    query: a handful of whole-array numpy calls per level, no Python loop over queries.
-    Zero-weight leaves are never found.
+    query (the number of running sums at or below it, counted bytewise: see
+    :func:`_count_per_row`): a handful of whole-array numpy calls per level, no Python loop
+    over queries. The leaves come back in the order of the masses. Zero-weight leaves are
+    never found.
 
     :meth:`set` recomputes the running sums (and positive minima) of the changed blocks at
     every level: O(k * FANOUT) per level for k leaves. A block's running sums depend on its
@@ -419,7 +422,7 @@ class SumTree:
                 break
         self.mins = [np.full(w.size, np.inf) for w in self.weights[1:]]
         self._cum: np.ndarray | None = None  # running sum of the top, None after a change
-        self._before = np.zeros(0)  # the top's running sum before each node (see _running)
+        self._before = np.zeros(1)  # 0, then the top's running sum (see _running)
         self._starts = np.zeros(0, dtype=I64)  # see _row_starts
         self._last = 0  # the last top node with a positive weight
         self._min: float | None = None
@@ -438,7 +441,10 @@ class SumTree:
         blocks = _distinct_sorted(idx // F)
         for depth, prefix in enumerate(self.prefix):
             rows = self.weights[depth].reshape(-1, F)[blocks]
-            running = np.cumsum(rows, axis=1)  # each block from 0, from its leaves only
+            # Each block from 0, from its leaves only. (torch's ``cumsum`` along the rows adds
+            # left to right as numpy's does, to the same bits, in a quarter of the time on a
+            # few hundred short rows.)
+            running = torch.cumsum(torch.from_numpy(rows), dim=1).numpy()
             prefix[blocks] = running
             self.weights[depth + 1][blocks] = running[:, -1]
             if depth == 0:
@@ -457,10 +463,13 @@ class SumTree:
 
     def _running(self) -> np.ndarray:
         """The running sum of the top level (recomputed after a change), and
-        ``self._before``: the sum of the top nodes before each one."""
+        ``self._before``: the sum of the top nodes before each one, exactly: a leading 0,
+        then the running sum itself (``_cum`` is its view from 1, so ``_before[i]`` is
+        ``_cum[i - 1]``, the memory a search for node ``i`` has just read)."""
         if self._cum is None:
-            self._cum = np.cumsum(self.top)
-            self._before = self._cum - self.top
+            self._before = np.zeros(self.top.size + 1)
+            np.cumsum(self.top, out=self._before[1:])
+            self._cum = self._before[1:]
             self._last = int(np.searchsorted(self._cum, self._cum[-1], side="left"))
         return self._cum
 
@@ -481,14 +490,16 @@ class SumTree:
         cum = self._running()
         node = cum.searchsorted(sorted_mass, side="right")
         np.minimum(node, self._last, out=node)  # a mass rounded up to the total
-        rest = sorted_mass - self._before[node]  # the mass left inside the node
+        rest = sorted_mass - self._before[node]  # the mass left inside the node (>= 0)
         deepest = len(self.prefix) - 1
         for depth in range(deepest, -1, -1):
             rows = self.prefix[depth].take(node, axis=0)
             # Rounding may leave ``rest`` at or past the block's sum: keep it below, so the
             # first running sum above it is a positive child.
             np.minimum(rest, np.nextafter(rows[:, -1], 0.0), out=rest)
-            child = np.argmax(rows > rest[:, None], axis=1)
+            # The running sums rise along a row: the first one above ``rest`` is the one
+            # after those at or below it.
+            child = _count_per_row(rows <= rest[:, None])
             if depth:  # what is left for the level below (not needed at the leaves)
                 flat = rows.reshape(-1)
                 below = flat.take(self._row_starts(node.size) + child - 1)
@@ -536,6 +547,31 @@ def last_of_each(idx: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.nd
     np.not_equal(idx[1:], idx[:-1], out=last[:-1])
     last[-1] = True
     return idx[last], values[order][last]
+
+
+_BYTE_ONES = np.uint64(0x0101010101010101)
+_TOP_BYTE = np.uint64(56)
+
+
+def _count_per_row(flags: np.ndarray) -> np.ndarray:
+    """The number of True per row of a C-contiguous ``[k, F]`` bool array (``F`` a multiple
+    of 8, below 256), as int64: the rows read as 64-bit words added bytewise (no byte
+    exceeds ``F``), then the 8 byte counts summed by one multiplication (the top byte of
+    ``x * 0x0101...01``). The block search of a draw of 512 from a million leaves (gather,
+    clip, choice of child) took 28 us this way against 39 us with ``argmax(rows > rest)``
+    (fastest of 41 interleaved rounds, CPU time, busy 2-core machine).
+
+    Examples:
+        >>> _count_per_row(np.arange(16).reshape(2, 8) < 5).tolist()
+        [5, 0]
+    """
+    words = flags.view(np.uint64)
+    total = words[:, 0].copy()
+    for j in range(1, words.shape[1]):
+        total += words[:, j]
+    total *= _BYTE_ONES
+    total >>= _TOP_BYTE
+    return total.view(I64)
 
 
 def _distinct_sorted(x: np.ndarray) -> np.ndarray:

@@ -174,8 +174,8 @@ class PrioritizedSampler(Sampler):
         if total <= 0:
             raise RuntimeError("every stored step has priority 0: nothing can be drawn")
         rows = self._tree.find(self.random(batch_size) * total)
-        weight = np.power(self._tree.get(rows) / self._tree.min(), -self.beta)
-        return Draw(rows=rows, weight=weight)
+        weight = self._tree.get(rows) / self._tree.min()
+        return Draw(rows=rows, weight=np.power(weight, -self.beta, out=weight))
 
     def update_priority(self, rows: np.ndarray, priority: np.ndarray) -> None:
         """Set the priorities of storage ``rows`` (``-1`` and rows holding no data are
