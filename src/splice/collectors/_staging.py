@@ -240,6 +240,28 @@ class Staging:
             next_info=[self.column(k) for k in self.next_info_keys],
         )
 
+    def fill_entering(self, start: int, stop: int) -> None:
+        """Write the values entering the steps of columns ``[start, stop)`` where no episode
+        starts (``is_init`` False in every row): the previous column's next values.
+
+        The rollout loop writes the entering values only at episode starts (and at the first
+        column of each run); elsewhere they equal the values the env returned with the
+        previous step (the step stream's rule, :mod:`splice.envs.base`), which staging
+        already holds as ``("next", ...)``: copied here, once per run, instead of once per step.
+        """
+        if stop <= start:
+            return
+        arrays = self.arrays
+        init = arrays[(IS_INIT,)][start:stop]
+        keys = zip(self.input_keys, self.next_obs_keys + self.next_info_keys, strict=True)
+        if not init.any():
+            for key, next_key in keys:
+                arrays[key][start:stop] = arrays[next_key][start - 1 : stop - 1]
+            return
+        cols = np.flatnonzero(~init.any(axis=1)) + start
+        for key, next_key in keys:
+            arrays[key][cols] = arrays[next_key][cols - 1]
+
     def zero_from(self, keys: list[Key], start: int) -> None:
         """Zero the physical columns ``[start, C)`` of ``keys``."""
         for key in keys:
@@ -436,17 +458,21 @@ def nested_tensordict(
 ) -> TensorDict:
     """A TensorDict of numpy columns (shared memory, no copy), built from nested dicts
     (a third cheaper than setting nested keys one by one): ``flags`` get a trailing ``[1]``
-    dim, object columns become non-tensor entries."""
+    dim, object columns become non-tensor entries.
+
+    The entries are made here with the batch's leading dims, so the TensorDict skips its
+    per-entry validation (``_new_unsafe``, as in :mod:`splice.replay._output`): 4 us instead
+    of 45 us for a batch's 14 entries. The trailing dim is added in numpy (``reshape``: the
+    same strides as ``Tensor.unsqueeze``, at a tenth of its cost).
+    """
     nested: dict[str, Any] = {}
     for key, value in columns.items():
         if value.dtype == OBJECT:
             entry: Any = to_non_tensor(value)
         else:
-            entry = torch.from_numpy(value)
-            if key in flags:
-                entry = entry.unsqueeze(-1)
+            entry = torch.from_numpy(value.reshape(*value.shape, 1) if key in flags else value)
         node = nested
         for part in key[:-1]:
             node = node.setdefault(part, {})
         node[key[-1]] = entry
-    return TensorDict(nested, batch_size=batch_size)
+    return TensorDict._new_unsafe(nested, batch_size=torch.Size(batch_size))
