@@ -53,6 +53,23 @@ def test_a_dropped_batch_frees_its_block_for_the_next():
         assert next(it)["observation"].data_ptr() in (address, kept_address)
 
 
+def test_a_for_loop_holding_the_previous_batch_alternates_two_blocks():
+    # `for batch in c` keeps the previous batch alive while the next one is made
+    with Collector(counting_vec([3, 5]), threshold_policy, frames_per_batch=12) as c:
+        addresses = []
+        reference = None
+        for k, batch in enumerate(c):
+            addresses.append(batch["observation"].data_ptr())
+            if k == 2:
+                reference = batch.clone()
+                kept = batch
+            if k == 7:
+                break
+    assert len(set(addresses[1:])) == 3  # batch 2 was kept: a third block from then on
+    assert len(set(addresses[:3])) == 2  # before, the two blocks alternate
+    assert torch.equal(kept["observation"], reference["observation"])  # never overwritten
+
+
 class _NumpyVectorEnv(gym.vector.VectorEnv):
     """A vector entry point in pure numpy (no Python per env): every env ends its episode
     every ``length`` steps, all at once; NEXT_STEP autoreset."""

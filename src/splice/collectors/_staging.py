@@ -425,10 +425,28 @@ class _Recycler:
     next batch is written into it. Fresh memory costs a page fault per 4 KiB on first
     write, and the C allocator returns freed blocks of this size to the system, so at 1024
     envs a new block per batch cost as much as the copy itself.
+
+    The two newest blocks are kept: ``for batch in collector`` holds the previous batch while
+    the next one is made (the loop variable), and ``trajs_per_batch`` can emit two batches
+    before the caller sees the first; with one block, each of those made a fresh block.
     """
 
+    KEPT = 2
+
     def __init__(self) -> None:
-        self._block: np.ndarray | None = None
+        self._blocks: list[np.ndarray] = []
+
+    def _free_block(self, nbytes: int) -> np.ndarray:
+        """A kept block of at least ``nbytes`` that nothing else refers to, or a new one."""
+        for block in self._blocks:
+            # 3 references: the list, the loop variable and getrefcount's argument; more: a
+            # batch holds it
+            if block.nbytes >= nbytes and sys.getrefcount(block) <= 3:
+                return block
+        # a quarter more: sets of whole episodes (trajs_per_batch) vary in size
+        block = np.empty(nbytes + nbytes // 4, np.uint8)
+        self._blocks = [block, *self._blocks][: self.KEPT]
+        return block
 
     def outputs(
         self, layout: list[tuple[Key, tuple[int, ...], np.dtype[Any]]], shape: tuple[int, ...]
@@ -437,12 +455,8 @@ class _Recycler:
         sizes = [
             0 if d == OBJECT else -(-n * math.prod(f) * d.itemsize // 64) * 64 for _, f, d in layout
         ]
-        total = max(sum(sizes), 1)
-        # 2 references: the attribute and getrefcount's argument; more: a batch holds it
-        if self._block is None or self._block.nbytes < total or sys.getrefcount(self._block) > 2:
-            # a quarter more: sets of whole episodes (trajs_per_batch) vary in size
-            self._block = np.empty(total + total // 4, np.uint8)
-        block, out, offset = self._block, {}, 0
+        block = self._free_block(max(sum(sizes), 1))
+        out, offset = {}, 0
         for (key, feature, dtype), size in zip(layout, sizes, strict=True):
             if dtype == OBJECT:  # Python objects cannot live in a byte block
                 out[key] = np.empty((*shape, *feature), OBJECT)
