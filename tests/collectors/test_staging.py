@@ -16,6 +16,7 @@ from gymnasium.vector import AutoresetMode
 from gymnasium.vector.utils import batch_space
 
 from splice import Collector
+from splice.collectors._staging import Staging
 from splice.testing import counting_vec, threshold_policy
 
 
@@ -134,3 +135,28 @@ def test_python_work_per_batch_does_not_grow_with_the_number_of_envs(whole_episo
     few = _python_calls_per_batch(4, whole_episodes)
     assert max(few) > 100  # batches were collected (a next() may only yield a pending output)
     assert few == _python_calls_per_batch(512, whole_episodes)
+
+
+def test_fill_entering_copies_the_previous_next_values_where_no_episode_starts():
+    staging = Staging(num_envs=2, batched=True, steps=4)
+    staging.obs_keys, staging.next_obs_keys = [("observation",)], [("next", "observation")]
+    for key in (("observation",), ("next", "observation"), ("is_init",)):
+        staging.add(
+            key,
+            () if key == ("is_init",) else (3,),
+            np.dtype(np.bool_ if key == ("is_init",) else np.float32),
+        )
+    obs, nxt, init = (
+        staging.arrays[k] for k in (("observation",), ("next", "observation"), ("is_init",))
+    )
+    nxt[:5] = np.arange(5 * 2 * 3, dtype=np.float32).reshape(5, 2, 3)
+    obs[:5] = -1  # what the loop wrote: column 0 (a run's first) and column 2 (a start)
+    init[2] = [False, True]  # row 1 starts an episode at column 2: the column is written
+    staging.fill_entering(1, 5)
+    assert np.array_equal(obs[1], nxt[0])
+    assert np.array_equal(obs[2], np.full((2, 3), -1))  # kept in both rows
+    assert np.array_equal(obs[3:5], nxt[2:4])
+    assert np.array_equal(obs[0], np.full((2, 3), -1))  # before the range: untouched
+    before = obs.copy()
+    staging.fill_entering(3, 3)  # an empty range writes nothing
+    assert np.array_equal(obs, before)
