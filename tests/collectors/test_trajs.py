@@ -155,6 +155,31 @@ def test_reset_at_each_iter_starts_fresh_episodes():
     c.shutdown()
 
 
+def test_reset_at_each_iter_restarts_the_time_limit_and_the_episode_returns():
+    # A reset of every env restarts the step count of max_frames_per_traj and the tracked
+    # returns through the next step's is_init alone: nothing of the batch before carries over.
+    def always_one(td):
+        td["action"] = torch.ones(td.batch_size, dtype=torch.long)  # reward 1 per step
+        return td
+
+    c = Collector(
+        counting_vec([100]),
+        always_one,
+        frames_per_batch=6,
+        total_frames=18,
+        reset_at_each_iter=True,
+        max_frames_per_traj=4,
+        track_episodes=True,
+    )
+    batches = list(c)
+    for b in batches:
+        assert b["observation"][0, :, 1].tolist() == [0, 1, 2, 3, 0, 1]
+        assert b[TRUNCATED][0, :, 0].tolist() == [False, False, False, True, False, False]
+    assert [r for _, r in c.episode_log] == [4.0, 4.0, 4.0]
+    assert len({int(i) for b in batches for i in b[TRAJ_IDS].unique()}) == 6
+    c.shutdown()
+
+
 def test_init_random_frames_keeps_policy_keys():
     def policy(td):
         td["action"] = torch.ones(td.batch_size, dtype=torch.long)

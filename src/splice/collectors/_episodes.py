@@ -1,5 +1,6 @@
-"""Episode bookkeeping of the rollout loop: the ``max_frames_per_traj`` time limit, and the
-returns and lengths of the episodes that end in each batch (carried across batches)."""
+"""Episode bookkeeping of the rollout loop: the ``max_frames_per_traj`` time limit, the
+returns and lengths of the episodes that end in each batch (carried across batches), and the
+per-batch labels of a finished batch (``done``, trajectory ids, the cut mark)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,11 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from splice.collectors._settings import positive_int
+from splice.collectors.ids import TrajectoryIds
 from splice.envs import EnvAdapter
+from splice.layout import CUT, DONE, IS_INIT, REWARD, TERMINATED, TRAJ_IDS, TRUNCATED, Key
 
-__all__ = ["EpisodeStats", "EpisodeTracker", "TimeLimit"]
+__all__ = ["BatchLabeller", "EpisodeStats", "EpisodeTracker", "TimeLimit"]
 
 
 @dataclass
@@ -50,11 +53,6 @@ class EpisodeTracker:
         self._carry_return = np.zeros(num_envs, np.float64)
         self._carry_length = np.zeros(num_envs, np.int64)
 
-    def reset(self) -> None:
-        """Forget the episodes in flight."""
-        self._carry_return[:] = 0
-        self._carry_length[:] = 0
-
     def update(self, reward: np.ndarray, is_init: np.ndarray, ended: np.ndarray) -> EpisodeStats:
         """The episodes that end in a ``[B, T]`` batch (``ended`` True on their last step)."""
         steps = reward.shape[1]
@@ -73,6 +71,84 @@ class EpisodeTracker:
         self._carry_return = np.where(last_open, seg_return[:, -1], 0.0)
         self._carry_length = np.where(last_open, seg_length[:, -1], 0)
         return EpisodeStats(returns=seg_return[ended], lengths=seg_length[ended])
+
+
+class BatchLabeller:
+    """Labels each finished ``[B, T]`` batch with what is computed once per batch rather than
+    per step: ``done``, the trajectory ids, the cut mark (and ``set_truncated``), and the
+    returns and lengths of the episodes that end in it.
+
+    It owns the episode in flight in each env row from one batch to the next: its id (the
+    steps of a row before its first ``is_init`` continue it) and, through an
+    :class:`EpisodeTracker`, its return and length so far. Nothing needs resetting when every
+    env is reset: the next batch then starts with ``is_init`` in every row, so nothing carried
+    over is read.
+
+    Args:
+        num_envs: ``B``.
+        ids: where fresh trajectory ids come from.
+        set_truncated: also set ``truncated`` and ``done`` on the cut last step of each row
+            (TorchRL's ``set_truncated``); the cut mark stays True there.
+        track_episodes: compute the returns and lengths of the episodes that end.
+
+    Examples:
+        >>> import numpy as np
+        >>> from splice.layout import CUT, DONE, IS_INIT, REWARD, TERMINATED, TRAJ_IDS, TRUNCATED
+        >>> labeller = BatchLabeller(1, TrajectoryIds(worker_id=0), track_episodes=True)
+        >>> def batch(is_init, terminated):
+        ...     columns = {(IS_INIT,): np.array([is_init]), TERMINATED: np.array([terminated])}
+        ...     columns[TRUNCATED] = np.zeros((1, 4), bool)
+        ...     columns[REWARD] = np.ones((1, 4), np.float32)
+        ...     for key, dtype in ((DONE, bool), (TRAJ_IDS, np.int64), (CUT, bool)):
+        ...         columns[key] = np.empty((1, 4), dtype)  # written by label()
+        ...     return columns
+        >>> first = batch([True, False, False, True], [False, False, True, False])
+        >>> labeller.label(first).lengths
+        array([3])
+        >>> first[TRAJ_IDS], first[CUT]
+        (array([[0, 0, 0, 1]]), array([[False, False, False,  True]]))
+        >>> second = batch([False, False, False, False], [False, True, False, False])
+        >>> labeller.label(second).lengths  # episode 1 goes on, ends at t = 1
+        array([3])
+        >>> second[TRAJ_IDS]
+        array([[1, 1, 1, 1]])
+    """
+
+    def __init__(
+        self,
+        num_envs: int,
+        ids: TrajectoryIds,
+        *,
+        set_truncated: bool = False,
+        track_episodes: bool = False,
+    ) -> None:
+        self.ids = ids
+        self.set_truncated = set_truncated
+        self.track_episodes = track_episodes
+        self._row_ids = np.full(num_envs, -1, np.int64)  # the id each row's steps continue
+        self._tracker = EpisodeTracker(num_envs)
+
+    def label(self, columns: dict[Key, np.ndarray]) -> EpisodeStats:
+        """Write ``done``, the ids and the cut mark into a batch's ``[B, T]`` columns (their
+        arrays must exist); with ``set_truncated``, also its last steps' ``truncated`` and
+        ``done``.
+
+        Returns:
+            The episodes that ended in the batch (empty without ``track_episodes``).
+        """
+        is_init, truncated = columns[(IS_INIT,)], columns[TRUNCATED]
+        done = np.bitwise_or(columns[TERMINATED], truncated, out=columns[DONE])
+        traj_ids = self.ids.label(is_init, self._row_ids, out=columns[TRAJ_IDS])
+        self._row_ids = traj_ids[:, -1].copy()
+        cut = columns[CUT]
+        cut[:, :-1] = False
+        np.logical_not(done[:, -1], out=cut[:, -1])  # the episode goes on, same id
+        if self.set_truncated:
+            truncated[:, -1] |= cut[:, -1]
+            done |= cut
+        if not self.track_episodes:
+            return EpisodeStats()
+        return self._tracker.update(columns[REWARD], is_init, done & ~cut)
 
 
 class TimeLimit:
@@ -112,12 +188,9 @@ class TimeLimit:
         self.max_len = max_len
         self._length = np.zeros(adapter.num_envs, np.int64)
 
-    def reset(self) -> None:
-        """Every env starts a new episode."""
-        self._length[:] = 0
-
     def count(self, init: np.ndarray | None) -> None:
-        """One more step for every env (``init``: the envs whose episode starts with it)."""
+        """One more step for every env (``init``: the envs whose episode starts with it; their
+        count restarts, so a reset of every env needs nothing else than an all-True ``init``)."""
         if init is not None:
             self._length[init] = 0
         self._length += 1

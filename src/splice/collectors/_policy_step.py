@@ -43,6 +43,7 @@ from tensordict import TensorDict, TensorDictBase
 from tensordict.utils import NestedKey
 
 from splice._non_tensor import to_non_tensor
+from splice.envs import EnvAdapter
 from splice.envs.spaces import Leaf, check_action_dtype
 from splice.layout import ACTION, IS_INIT, NEXT, tensor_leaves
 from splice.policies import PolicyError
@@ -136,7 +137,44 @@ class PolicyStep:
         self._carried: list[np.ndarray] | None = None  # the state to feed next, when not there
         self._check_pending = False
 
+    @classmethod
+    def for_env(
+        cls,
+        policy: Callable[[TensorDictBase], TensorDictBase],
+        adapter: EnvAdapter,
+        device: torch.device | str | None = None,
+    ) -> PolicyStep:
+        """A policy step for an env adapter's steps: its input leaves (observation, then info:
+        make it once the adapter has reset, when the info leaves are known), its action leaf,
+        its ``B``."""
+        return cls(
+            policy,
+            adapter.input_leaves,
+            adapter.act_leaf,
+            num_envs=adapter.num_envs,
+            batched=adapter.batched,
+            device=device,
+        )
+
     # ---------------------------------------------------------------- discovery
+    @property
+    def output_keys(self) -> list[Key]:
+        """The keys of :attr:`output_specs`, in order: what a batch stores from the policy."""
+        return [key for key, _, _ in self.output_specs]
+
+    def discover(self, obs: list[Any], init: np.ndarray) -> list[OutputSpec]:
+        """Learn the policy's outputs without stepping the envs: call it once on ``obs`` (as
+        :meth:`step`, without gradients), then zero the recurrent state as if it never ran
+        (the loop does this before a batch of random actions, which stores the policy's keys).
+
+        Returns:
+            :attr:`output_specs`.
+        """
+        with torch.no_grad():
+            self.step(obs, init)
+        self.reset_state()
+        return self.output_specs
+
     def _discover(self, out: TensorDictBase) -> None:
         """Learn the policy's output and state keys from its first output."""
         if not isinstance(out, TensorDictBase):

@@ -5,12 +5,13 @@ process, and each worker of the multi-process and Ray collectors): ``loop.collec
 one ``[B, T]`` batch (``[T]`` for a single env) that follows the data contract.
 
 Per step, the env adapter writes the env's results and this loop the observation, ``is_init``
-and the policy's outputs into the staging arrays owned by
-:class:`~splice.collectors._staging.Staging` (no TensorDict, no per-env Python object per step);
-ids, ``done``, the cut mark and episode statistics are computed once per batch. NEXT_STEP
-autoreset's dead reset steps never reach the data: the loop tops rows up until each holds ``T``
-valid steps and carries the surplus over. Each batch is copied out of staging into fresh
-tensors, so a yielded batch is never overwritten. The reasons are in ``docs/design.md``
+and the policy's outputs (:class:`~splice.collectors._policy_step.PolicyStep`) into the staging
+arrays owned by :class:`~splice.collectors._staging.Staging` (no TensorDict, no per-env Python
+object per step). NEXT_STEP autoreset's dead reset steps never reach the data: the loop tops
+rows up until each holds ``T`` valid steps and carries the surplus over. Each batch is copied
+out of staging into fresh tensors, so a yielded batch is never overwritten, and labelled once
+(ids, ``done``, the cut mark, episode statistics:
+:class:`~splice.collectors._episodes.BatchLabeller`). The reasons are in ``docs/design.md``
 ("Hot loop", "Autoreset modes").
 """
 
@@ -24,7 +25,7 @@ import torch
 from tensordict import TensorDict
 from tensordict.utils import NestedKey
 
-from splice.collectors._episodes import EpisodeStats, EpisodeTracker, TimeLimit
+from splice.collectors._episodes import BatchLabeller, EpisodeStats, TimeLimit
 from splice.collectors._policy_step import PolicyStep
 from splice.collectors._settings import positive_int
 from splice.collectors._staged_episodes import StagedEpisodes
@@ -32,22 +33,10 @@ from splice.collectors._staging import BATCH_KEYS, FLAG_KEYS, Staging
 from splice.collectors.ids import TrajectoryIds
 from splice.envs import EnvAdapter
 from splice.envs.infos import InfoKeysLike
-from splice.layout import (
-    ACTION,
-    CUT,
-    DONE,
-    IS_INIT,
-    REWARD,
-    TERMINATED,
-    TRAJ_IDS,
-    TRUNCATED,
-    as_key_tuple,
-)
+from splice.layout import ACTION, IS_INIT, TERMINATED, TRUNCATED, as_key_tuple
 from splice.policies import as_policy
 
 __all__ = ["EpisodeStats", "RolloutLoop"]
-
-Key = tuple[str, ...]
 
 
 class RolloutLoop:
@@ -120,13 +109,13 @@ class RolloutLoop:
         self.adapter = adapter
         self.steps = steps
         self.ids = ids
-        self.max_frames_per_traj = max_frames_per_traj
-        self.set_truncated = set_truncated
         self.storing_device = None if storing_device is None else torch.device(storing_device)
         self.track_episodes = track_episodes
         #: The episodes that ended in the last batch (with ``track_episodes``).
         self.episodes = EpisodeStats()
-        self._tracker = EpisodeTracker(adapter.num_envs)
+        self._labeller = BatchLabeller(
+            adapter.num_envs, ids, set_truncated=set_truncated, track_episodes=track_episodes
+        )
         self._seed = seed
         self.staging = Staging.for_env(adapter, steps)
         #: With ``whole_episodes``: the episodes collected so far, kept in staging until
@@ -143,7 +132,6 @@ class RolloutLoop:
         self._all_init = np.ones(b, np.bool_)
         self._started = False
         self._init_now = self._all_init
-        self._row_ids = np.full(b, -1, np.int64)
         self._limit = (
             None if max_frames_per_traj is None else TimeLimit(adapter, max_frames_per_traj)
         )
@@ -163,30 +151,26 @@ class RolloutLoop:
         Steps already collected but not yet returned (NEXT_STEP surplus) are kept: they come
         first in the next batch.
         """
-        if not self._started:
-            return
-        self.adapter.reset(None)
+        if self._started:
+            self._reset_all(None)
+
+    def _reset_all(self, seed: int | None) -> None:
+        """Reset every env: each starts an episode at its next step (``is_init``, which also
+        restarts its :class:`TimeLimit` count and is all the :class:`BatchLabeller` needs),
+        with a zero recurrent state."""
+        self.adapter.reset(seed)
         self._init_now = self._all_init
-        if self._limit is not None:
-            self._limit.reset()
         if self.policy_step is not None:
             self.policy_step.reset_state()
 
     def _start(self) -> None:
         adapter = self.adapter
-        adapter.reset(self._seed)
+        self._reset_all(self._seed)
         adapter.seed_actions(self._seed)
         self._seed = None  # only the very first reset is seeded; later ones continue the RNG
         self.staging.add_info(adapter.info_leaves)  # known from the first reset on
         if self._policy is not None and self.policy_step is None:
-            self.policy_step = PolicyStep(
-                self._policy,
-                adapter.input_leaves,
-                adapter.act_leaf,
-                num_envs=adapter.num_envs,
-                batched=adapter.batched,
-                device=self._device,
-            )
+            self.policy_step = PolicyStep.for_env(self._policy, adapter, self._device)
         store = self.episodes_store
         if store is not None and (len(store) or store.frames_buffered):
             store.restart()  # its episodes stay in staging until they are emitted
@@ -195,27 +179,7 @@ class RolloutLoop:
             self.staging.clear()
             if store is not None:
                 store.reset()
-        self._init_now = self._all_init
-        self._row_ids[:] = -1
-        if self._limit is not None:
-            self._limit.reset()
-        self._tracker.reset()
-        if self.policy_step is not None:
-            self.policy_step.reset_state()
         self._started = True
-
-    def _policy_keys(self) -> list[Key]:
-        assert self.policy_step is not None
-        return [key for key, _, _ in self.policy_step.output_specs]
-
-    def _discover_policy(self) -> None:
-        """Call the policy once to learn its outputs, and allocate their staging."""
-        assert self.policy_step is not None
-        with torch.no_grad():
-            self.policy_step.step(self.adapter.obs, self._init_now)
-        self.policy_step.reset_state()
-        for key, shape, dtype in self.policy_step.output_specs:
-            self.staging.add(key, shape, dtype)
 
     # ------------------------------------------------------------------ collect
     def collect(self, *, random_actions: bool = False) -> TensorDict:
@@ -237,10 +201,12 @@ class RolloutLoop:
         """
         if self.episodes_store is not None:
             raise RuntimeError("this loop collects whole episodes: call collect_episodes()")
-        self._collect_steps(random_actions)
         try:
+            self._collect_steps(random_actions)
             return self._finalize(random_batch=self.policy_step is not None and random_actions)
         except BaseException:
+            # A policy or env error mid-batch leaves staging half written: start over (fresh
+            # episodes, new ids) if the caller collects again.
             self._started = False
             raise
 
@@ -256,8 +222,8 @@ class RolloutLoop:
             raise RuntimeError("this loop returns batches: call collect()")
         if store.drained:
             self._started = False  # everything was handed out: start new episodes
-        self._collect_steps(random_actions)
         try:
+            self._collect_steps(random_actions)
             span = self.staging.span()
             self.episodes = store.add_batch(span, stats=self.track_episodes)
             self.staging.advance(span)
@@ -267,31 +233,25 @@ class RolloutLoop:
         return self.adapter.num_envs * self.steps
 
     def _collect_steps(self, random_actions: bool) -> None:
-        """Step until staging holds the next batch."""
-        try:
-            if not self._started:
-                self._start()
-            self.adapter.check_next = True
-            policy_step = self.policy_step
-            if policy_step is not None:
-                if random_actions:
-                    if not policy_step.discovered:
-                        self._discover_policy()  # every batch has the policy's keys
-                    self.staging.zero_from(self._policy_keys(), self.staging.used)
-                else:
-                    policy_step.check_next_action()
-            with torch.no_grad():
-                self._run(use_random=policy_step is None or random_actions)
-        except BaseException:
-            # A policy or env error mid-batch leaves staging half written: start over (fresh
-            # episodes, new ids) if the caller collects again.
-            self._started = False
-            raise
+        """Step until staging holds the next batch (the caller restarts the loop if this
+        raises)."""
+        if not self._started:
+            self._start()
+        self.adapter.check_next = True
+        policy_step = self.policy_step
+        if policy_step is not None:
+            if not random_actions:
+                policy_step.check_next_action()
+            elif not policy_step.discovered:  # every batch has the policy's keys
+                for spec in policy_step.discover(self.adapter.obs, self._init_now):
+                    self.staging.add(*spec)
+        with torch.no_grad():
+            self._run(use_random=policy_step is None or random_actions)
 
     def _run(self, use_random: bool) -> None:
         """Step until every env row holds ``T`` valid steps (making room in staging as
         needed: see :meth:`Staging.make_room`)."""
-        staging = self.staging
+        staging, policy_step = self.staging, self.policy_step
         while True:
             target = staging.target()
             c = staging.used
@@ -300,12 +260,12 @@ class RolloutLoop:
             if target > staging.capacity:
                 self.adapter.detach_obs()  # it may view a staging column that is about to move
                 staging.make_room(target - c)
-                if use_random and self.policy_step is not None and self.policy_step.discovered:
-                    staging.zero_from(self._policy_keys(), staging.used)
                 continue
             if self._bound_version != staging.version:
                 self.adapter.bind(staging.step_targets())
                 self._bound_version = staging.version
+            if use_random and policy_step is not None:  # random steps: no policy outputs
+                staging.zero_from(policy_step.output_keys, c)
             stop = self._run_columns(c, target, use_random)
             staging.used = stop
             if self.adapter.dead_steps:
@@ -323,7 +283,7 @@ class RolloutLoop:
         action_col = staging.column((ACTION,))
         dead, term_col = staging.dead, staging.column(TERMINATED)
         trunc_col = staging.column(TRUNCATED)
-        out_cols = [] if policy_step is None else [staging.column(k) for k in self._policy_keys()]
+        out_cols = [staging.column(k) for k in policy_step.output_keys] if policy_step else []
         limit = self._limit
         no_init, init_now = self._no_init, self._init_now
         sample, env_step, env_action = adapter.action_sampler(), adapter.step, adapter.env_action
@@ -375,21 +335,12 @@ class RolloutLoop:
 
     # ----------------------------------------------------------------- finalize
     def _finalize(self, *, random_batch: bool) -> TensorDict:
+        """Copy the next batch out of staging and label it (:class:`BatchLabeller`)."""
         out = self.staging.take(extra=BATCH_KEYS)
-        is_init, terminated, truncated = out[(IS_INIT,)], out[TERMINATED], out[TRUNCATED]
-        done = np.bitwise_or(terminated, truncated, out=out[DONE])
-        traj_ids = self.ids.label(is_init, self._row_ids, out=out[TRAJ_IDS])
-        self._row_ids = traj_ids[:, -1].copy()
-        cut = out[CUT]
-        cut[:, :-1] = False
-        np.logical_not(done[:, -1], out=cut[:, -1])  # the episode goes on, same id
-        if self.set_truncated:
-            truncated[:, -1] |= cut[:, -1]
-            done |= cut
-        if self.track_episodes:
-            self.episodes = self._tracker.update(out[REWARD], is_init, done & ~cut)
+        self.episodes = self._labeller.label(out)
         if random_batch:
-            for key in self._policy_keys():
+            assert self.policy_step is not None
+            for key in self.policy_step.output_keys:
                 out[key][...] = 0
         batch = self.staging.to_tensordict(out, flags=FLAG_KEYS)
         if self.storing_device is not None and self.storing_device.type != "cpu":
