@@ -16,6 +16,7 @@ from gymnasium.vector import AutoresetMode
 from gymnasium.vector.utils import batch_space
 
 from splice import Collector
+from splice.collectors._staging import Staging
 from splice.testing import counting_vec, threshold_policy
 
 
@@ -51,6 +52,23 @@ def test_a_dropped_batch_frees_its_block_for_the_next():
         del first
         # the second batch was dropped at once too, so one of the two blocks is free again
         assert next(it)["observation"].data_ptr() in (address, kept_address)
+
+
+def test_a_for_loop_holding_the_previous_batch_alternates_two_blocks():
+    # `for batch in c` keeps the previous batch alive while the next one is made
+    with Collector(counting_vec([3, 5]), threshold_policy, frames_per_batch=12) as c:
+        addresses = []
+        reference = None
+        for k, batch in enumerate(c):
+            addresses.append(batch["observation"].data_ptr())
+            if k == 2:
+                reference = batch.clone()
+                kept = batch
+            if k == 7:
+                break
+    assert len(set(addresses[1:])) == 3  # batch 2 was kept: a third block from then on
+    assert len(set(addresses[:3])) == 2  # before, the two blocks alternate
+    assert torch.equal(kept["observation"], reference["observation"])  # never overwritten
 
 
 class _NumpyVectorEnv(gym.vector.VectorEnv):
@@ -117,3 +135,28 @@ def test_python_work_per_batch_does_not_grow_with_the_number_of_envs(whole_episo
     few = _python_calls_per_batch(4, whole_episodes)
     assert max(few) > 100  # batches were collected (a next() may only yield a pending output)
     assert few == _python_calls_per_batch(512, whole_episodes)
+
+
+def test_fill_entering_copies_the_previous_next_values_where_no_episode_starts():
+    staging = Staging(num_envs=2, batched=True, steps=4)
+    staging.obs_keys, staging.next_obs_keys = [("observation",)], [("next", "observation")]
+    for key in (("observation",), ("next", "observation"), ("is_init",)):
+        staging.add(
+            key,
+            () if key == ("is_init",) else (3,),
+            np.dtype(np.bool_ if key == ("is_init",) else np.float32),
+        )
+    obs, nxt, init = (
+        staging.arrays[k] for k in (("observation",), ("next", "observation"), ("is_init",))
+    )
+    nxt[:5] = np.arange(5 * 2 * 3, dtype=np.float32).reshape(5, 2, 3)
+    obs[:5] = -1  # what the loop wrote: column 0 (a run's first) and column 2 (a start)
+    init[2] = [False, True]  # row 1 starts an episode at column 2: the column is written
+    staging.fill_entering(1, 5)
+    assert np.array_equal(obs[1], nxt[0])
+    assert np.array_equal(obs[2], np.full((2, 3), -1))  # kept in both rows
+    assert np.array_equal(obs[3:5], nxt[2:4])
+    assert np.array_equal(obs[0], np.full((2, 3), -1))  # before the range: untouched
+    before = obs.copy()
+    staging.fill_entering(3, 3)  # an empty range writes nothing
+    assert np.array_equal(obs, before)

@@ -279,8 +279,6 @@ class RolloutLoop:
         :meth:`_finalize`. Returns the next column."""
         adapter, staging, policy_step = self.adapter, self.staging, self.policy_step
         obs_cols = [staging.column(k) for k in staging.input_keys]
-        obs_col0 = obs_cols[0]
-        single_obs = len(obs_cols) == 1
         init_col = staging.arrays[(IS_INIT,)]  # [C, B] even for one env: init masks are [B]
         action_col = staging.column((ACTION,))
         dead, term_col = staging.dead, staging.column(TERMINATED)
@@ -293,13 +291,17 @@ class RolloutLoop:
         discovering = policy_step is not None and not use_random and not policy_step.discovered
         if discovering:
             stop = min(stop, c + 1)  # the first call reveals the outputs: stored below
+        # The values entering a step are written where an episode starts (and at the first
+        # column); elsewhere they are the previous step's next values, filled in afterwards.
+        first = c
+        init_col[c:stop] = False
+        for arr, value in zip(obs_cols, adapter.obs, strict=True):
+            arr[c] = value
         outputs: list[np.ndarray] = []
         while c < stop:
             obs = adapter.obs
-            init_col[c] = init_now
-            if single_obs:
-                obs_col0[c] = obs[0]
-            else:
+            if init_now is not no_init:
+                init_col[c] = init_now
                 for arr, value in zip(obs_cols, obs, strict=True):
                     arr[c] = value
             if use_random:
@@ -322,6 +324,7 @@ class RolloutLoop:
                 restarted = limit.apply(restarted, c, term_col, trunc_col)
             init_now = no_init if restarted is None else restarted
             c += 1
+        staging.fill_entering(first + 1, c)
         if discovering:
             assert policy_step is not None
             for (key, shape, dtype), value in zip(policy_step.output_specs, outputs, strict=True):

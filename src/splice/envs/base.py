@@ -18,6 +18,10 @@ mode, the loop sees the same stream:
     returned its reset observation. The loop drops those columns; their next step starts a new
     episode.
 
+Where ``step`` returns ``None`` (no env restarted), ``adapter.obs`` afterwards holds exactly the
+values it wrote at ``c`` (the next observation and info leaves): the collector relies on it and
+writes the entering values only where an episode starts (``Staging.fill_entering``).
+
 Staging arrays are time-major, ``[C, B, *leaf_shape]``; a single env writes into ``B = 1`` by
 numpy broadcasting.
 
@@ -127,14 +131,12 @@ class EnvAdapter(ABC):
         self._update_fast_path()
 
     def _update_fast_path(self) -> None:
-        # The observation is one tensor leaf (not inside a Dict/Tuple) and no info is read:
-        # the step writes the env's array directly.
+        # The observation is one tensor leaf (not inside a Dict/Tuple): the step writes the
+        # env's array directly.
         self._single_leaf = (
-            len(self.obs_leaves) == 1
-            and self.obs_leaves[0].path == ()
-            and not self._object_obs
-            and not self.infos.keys
+            len(self.obs_leaves) == 1 and self.obs_leaves[0].path == () and not self._object_obs
         )
+        self._reads_info = bool(self.infos.keys)
 
     def select(
         self,
@@ -230,7 +232,9 @@ class EnvAdapter(ABC):
 
     def _read_next_info(self, info: Any, c: int, check: bool) -> list[Any]:
         """Read the step's info leaves, write them at column ``c``; return them."""
-        values = self.infos.read(info, "step()", check)
+        values = self.infos.read_step(info) if not check else None
+        if values is None:
+            values = self.infos.read(info, "step()", check)
         try:
             for arr, value in zip(self._next_info, values, strict=True):
                 arr[c] = value

@@ -62,10 +62,13 @@ class GymEnvAdapter(EnvAdapter):
             self._check_step(obs, reward, terminated, truncated)
         if self._single_leaf:
             self._next_obs0[c] = obs
-        else:
-            values = self._write_next_obs(obs, c)
-            if self.infos.keys:
-                values += self._read_next_info(info, c, check)
+            values = [obs]
+        else:  # one env: its non-tensor leaves are plain objects (no per-env array)
+            values = self._flatten(obs)
+            for arr, value in zip(self._next_obs, values, strict=True):
+                arr[c] = value
+        if self._reads_info:
+            values += self._read_next_info(info, c, check)
         self._reward[c] = reward
         self._terminated[c] = terminated
         self._truncated[c] = truncated
@@ -73,7 +76,7 @@ class GymEnvAdapter(EnvAdapter):
             obs, info = self.env.reset()
             self.obs = self._obs_values(obs) + self._read_info(info, "reset()")
             return _RESTART
-        self.obs = [obs] if self._single_leaf else values
+        self.obs = values
         return None
 
     def reset_envs(self, mask: np.ndarray) -> None:

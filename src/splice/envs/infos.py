@@ -177,6 +177,8 @@ class InfoReader:
         #: Per leaf: required (True) or optional (False).
         self._required: list[bool] = []
         self._plan: list[tuple[Leaf, Key, str, bool]] = []
+        self._flat_keys: list[str] | None = None
+        self._zero_values: dict[Key, np.ndarray] = {}
         self.discovered = not keys
         for info_key in keys:
             if info_key.space is not None:
@@ -221,6 +223,12 @@ class InfoReader:
             (leaf, leaf.key[:-1], leaf.key[-1], req)
             for leaf, req in zip(leaves, required, strict=True)
         ]
+        # The keys of read_step's fast path: one env, every leaf a required tensor entry at
+        # the top of the info dict.
+        if not self.batched and all(
+            req and leaf.is_tensor and not parents for leaf, parents, _, req in self._plan
+        ):
+            self._flat_keys = [last for _, _, last, _ in self._plan]
         self.discovered = True
         return leaves
 
@@ -288,6 +296,19 @@ class InfoReader:
             values.append(value)
         return values
 
+    def read_step(self, info: Mapping[str, Any]) -> list[Any] | None:
+        """:meth:`read` without the shape checks, for the steps between two checked ones: the
+        values of a single env's top-level required entries (one dict lookup each), or None
+        where :meth:`read` must do it (a vector env, nested or optional entries, a missing
+        entry: its error comes from :meth:`read`)."""
+        keys = self._flat_keys
+        if keys is None:
+            return None
+        try:
+            return [info[key] for key in keys]
+        except (KeyError, TypeError):
+            return None
+
     def raise_bad_values(self, values: list[Any], what: str) -> None:
         """Raise the :class:`EnvError` that names the entry of ``values`` (from :meth:`read`)
         whose shape differs from its layout (called when writing them failed)."""
@@ -333,8 +354,14 @@ class InfoReader:
             )
 
     def _zeros(self, leaf: Leaf, rows: int | None = None) -> np.ndarray:
-        lead = self._lead if rows is None else (rows,)
-        return np.zeros((*lead, *leaf.shape), leaf.dtype)
+        if rows is None:  # every env: one read-only array per leaf, made once
+            zeros = self._zero_values.get(leaf.key)
+            if zeros is None:
+                zeros = np.zeros((*self._lead, *leaf.shape), leaf.dtype)
+                zeros.flags.writeable = False
+                self._zero_values[leaf.key] = zeros
+            return zeros
+        return np.zeros((rows, *leaf.shape), leaf.dtype)
 
     def _missing(self, key: Key, what: str, rows: np.ndarray) -> None:
         where = f" (env rows {rows.tolist()})" if self.batched else ""
