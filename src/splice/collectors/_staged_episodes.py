@@ -20,11 +20,9 @@ reach an episode.
 Examples:
     >>> import gymnasium as gym
     >>> from splice.collectors.ids import TrajectoryIds
-    >>> from splice.collectors.rollout import RolloutLoop
     >>> from splice.envs import make_adapter
     >>> env = gym.make_vec("CartPole-v1", num_envs=4, vectorization_mode="sync")
-    >>> loop = RolloutLoop(make_adapter(env), None, steps=50, ids=TrajectoryIds(), seed=0,
-    ...                    whole_episodes=True)
+    >>> loop = WholeEpisodeLoop(make_adapter(env), None, steps=50, ids=TrajectoryIds(), seed=0)
     >>> loop.collect_episodes()
     200
     >>> store = loop.episodes_store
@@ -55,6 +53,7 @@ from splice.collectors._staging import (
     runs_flat,
 )
 from splice.collectors.ids import TrajectoryIds
+from splice.collectors.rollout import RolloutLoop
 from splice.layout import (
     CUT,
     DONE,
@@ -71,7 +70,7 @@ from splice.trajectories._index import TrajectoryIndex
 from splice.trajectories.assembler import Drained, emit_count
 from splice.trajectories.split import to_padded
 
-__all__ = ["StagedEpisodes"]
+__all__ = ["StagedEpisodes", "WholeEpisodeLoop"]
 
 
 def _empty() -> np.ndarray:
@@ -327,3 +326,48 @@ class StagedEpisodes:
         if self.device is not None and self.device.type != "cpu":
             out = out.to(self.device)
         return out
+
+
+class WholeEpisodeLoop(RolloutLoop):
+    """A :class:`~splice.collectors.rollout.RolloutLoop` that keeps what it collects in
+    staging as episodes (:attr:`episodes_store`, for ``trajs_per_batch``) instead of returning
+    batches: call :meth:`collect_episodes`, then emit from the store. Takes the loop's
+    arguments; the example is this module's."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        #: The episodes collected so far, kept in staging until emitted.
+        self.episodes_store = StagedEpisodes(self.staging, self.ids, self.storing_device)
+
+    def _clear_staging(self) -> None:
+        store = self.episodes_store
+        if len(store) or store.frames_buffered:
+            store.restart()  # its episodes stay in staging until they are emitted
+            self.staging.restart_rows()
+        else:
+            self.staging.clear()
+            store.reset()
+
+    def collect(self, *, random_actions: bool = False) -> TensorDict:
+        raise RuntimeError("this loop collects whole episodes: call collect_episodes()")
+
+    def collect_episodes(self, *, random_actions: bool = False) -> int:
+        """Collect one batch into :attr:`episodes_store`: the same steps
+        :meth:`~splice.collectors.rollout.RolloutLoop.collect` would return, kept in staging
+        as episodes. An error starts the next call over, as ``collect`` does.
+
+        Returns:
+            The frames collected (``B * T``).
+        """
+        store = self.episodes_store
+        if store.drained:
+            self.restart()  # everything was handed out: start new episodes
+        try:
+            self._collect_steps(random_actions)
+            span = self.staging.span()
+            self.episodes = store.add_batch(span, stats=self.track_episodes)
+            self.staging.advance(span)
+        except BaseException:
+            self.restart()
+            raise
+        return self.adapter.num_envs * self.steps

@@ -13,6 +13,7 @@ from tensordict.utils import NestedKey
 
 from splice.collectors._base import CollectorBase, EpisodeSource
 from splice.collectors._settings import CollectorSettings
+from splice.collectors._staged_episodes import WholeEpisodeLoop
 from splice.collectors.ids import TrajectoryIds
 from splice.collectors.rollout import RolloutLoop
 from splice.envs import EnvLike, make_adapter
@@ -183,7 +184,8 @@ class Collector(CollectorBase):
             b = self.adapter.num_envs
             steps = math.ceil(settings.frames_per_batch / b)
             self.ids = TrajectoryIds(worker_id)
-            self._loop = RolloutLoop(
+            loop_type = RolloutLoop if settings.trajs_per_batch is None else WholeEpisodeLoop
+            self._loop = loop_type(
                 self.adapter,
                 policy,
                 steps=steps,
@@ -196,7 +198,6 @@ class Collector(CollectorBase):
                 track_episodes=progress or track_episodes,
                 info_keys=settings.info_keys,
                 exclude_keys=settings.exclude_keys,
-                whole_episodes=settings.trajs_per_batch is not None,
             )
         except BaseException:
             self.adapter.close()
@@ -223,11 +224,12 @@ class Collector(CollectorBase):
     def _new_assembler(self) -> EpisodeSource:
         # Whole episodes stay in the loop's staging until emitted: no batch is copied out
         # and into an assembler's pool (see splice.collectors._staged_episodes).
-        assert self._loop.episodes_store is not None
+        assert isinstance(self._loop, WholeEpisodeLoop)
         return self._loop.episodes_store
 
     def _collect_episodes(self) -> None:
         random_actions = self._before_collecting()
+        assert isinstance(self._loop, WholeEpisodeLoop)
         frames = self._loop.collect_episodes(random_actions=random_actions)
         self._count_collected(frames, self._loop.episodes.returns)
 

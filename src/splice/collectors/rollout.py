@@ -28,7 +28,6 @@ from tensordict.utils import NestedKey
 from splice.collectors._episodes import BatchLabeller, EpisodeStats, TimeLimit
 from splice.collectors._policy_step import PolicyStep
 from splice.collectors._settings import positive_int
-from splice.collectors._staged_episodes import StagedEpisodes
 from splice.collectors._staging import BATCH_KEYS, FLAG_KEYS, Staging
 from splice.collectors.ids import TrajectoryIds
 from splice.envs import EnvAdapter
@@ -60,9 +59,6 @@ class RolloutLoop:
         info_keys: the ``info`` entries to store (and show the policy), see
             :mod:`splice.envs.infos`.
         exclude_keys: observation keys to leave out of the data and the policy input.
-        whole_episodes: keep the collected steps in staging as episodes
-            (:class:`~splice.collectors._staged_episodes.StagedEpisodes`, for
-            ``trajs_per_batch``) instead of returning batches: use :meth:`collect_episodes`.
 
     Raises:
         ValueError: ``steps < 1``, a bad ``max_frames_per_traj``, or ``max_frames_per_traj``
@@ -99,7 +95,6 @@ class RolloutLoop:
         track_episodes: bool = False,
         info_keys: InfoKeysLike | None = None,
         exclude_keys: Sequence[NestedKey] | None = None,
-        whole_episodes: bool = False,
     ) -> None:
         positive_int("steps", steps)
         self._policy = as_policy(policy)
@@ -118,11 +113,6 @@ class RolloutLoop:
         )
         self._seed = seed
         self.staging = Staging.for_env(adapter, steps)
-        #: With ``whole_episodes``: the episodes collected so far, kept in staging until
-        #: emitted (:meth:`collect_episodes`); else None.
-        self.episodes_store = (
-            StagedEpisodes(self.staging, ids, self.storing_device) if whole_episodes else None
-        )
         self._device = device
         #: Runs the policy; made at the first reset, once the info leaves are known.
         self.policy_step: PolicyStep | None = None
@@ -171,15 +161,12 @@ class RolloutLoop:
         self.staging.add_info(adapter.info_leaves)  # known from the first reset on
         if self._policy is not None and self.policy_step is None:
             self.policy_step = PolicyStep.for_env(self._policy, adapter, self._device)
-        store = self.episodes_store
-        if store is not None and (len(store) or store.frames_buffered):
-            store.restart()  # its episodes stay in staging until they are emitted
-            self.staging.restart_rows()
-        else:
-            self.staging.clear()
-            if store is not None:
-                store.reset()
+        self._clear_staging()
         self._started = True
+
+    def _clear_staging(self) -> None:
+        """Forget the steps in staging at a (re)start."""
+        self.staging.clear()
 
     # ------------------------------------------------------------------ collect
     def collect(self, *, random_actions: bool = False) -> TensorDict:
@@ -192,15 +179,9 @@ class RolloutLoop:
         Returns:
             A ``[B, T]`` TensorDict (``[T]`` for a single env) following the data contract.
 
-        Raises:
-            RuntimeError: the loop collects whole episodes (``whole_episodes=True``): use
-                :meth:`collect_episodes`.
-
         If the policy or the env raises, the exception propagates and the next call starts
         over: every env is reset and new episodes (new ids) begin.
         """
-        if self.episodes_store is not None:
-            raise RuntimeError("this loop collects whole episodes: call collect_episodes()")
         try:
             self._collect_steps(random_actions)
             return self._finalize(random_batch=self.policy_step is not None and random_actions)
@@ -209,28 +190,6 @@ class RolloutLoop:
             # episodes, new ids) if the caller collects again.
             self._started = False
             raise
-
-    def collect_episodes(self, *, random_actions: bool = False) -> int:
-        """Collect one batch into :attr:`episodes_store` (``whole_episodes=True``): the same
-        steps :meth:`collect` would return, kept in staging as episodes.
-
-        Returns:
-            The frames collected (``B * T``).
-        """
-        store = self.episodes_store
-        if store is None:
-            raise RuntimeError("this loop returns batches: call collect()")
-        if store.drained:
-            self._started = False  # everything was handed out: start new episodes
-        try:
-            self._collect_steps(random_actions)
-            span = self.staging.span()
-            self.episodes = store.add_batch(span, stats=self.track_episodes)
-            self.staging.advance(span)
-        except BaseException:
-            self._started = False
-            raise
-        return self.adapter.num_envs * self.steps
 
     def _collect_steps(self, random_actions: bool) -> None:
         """Step until staging holds the next batch (the caller restarts the loop if this
