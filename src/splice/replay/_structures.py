@@ -438,7 +438,8 @@ class SumTree:
         F = self.FANOUT
         idx, values = last_of_each(idx, np.broadcast_to(values, idx.shape))
         self.weights[0][idx] = values
-        blocks = _distinct_sorted(idx // F)
+        blocks = idx // F
+        blocks = blocks[run_starts(blocks)]
         for depth, prefix in enumerate(self.prefix):
             rows = self.weights[depth].reshape(-1, F)[blocks]
             # Each block from 0, from its leaves only. (torch's ``cumsum`` along the rows adds
@@ -455,7 +456,8 @@ class SumTree:
             # slower.)
             starts = np.arange(0, least.size, F)
             self.mins[depth][blocks] = np.minimum.reduceat(least.ravel(), starts)
-            blocks = _distinct_sorted(blocks // F)
+            blocks //= F
+            blocks = blocks[run_starts(blocks)]
         self._cum = self._min = None
 
     def get(self, idx: np.ndarray) -> np.ndarray:
@@ -574,14 +576,15 @@ def _count_per_row(flags: np.ndarray) -> np.ndarray:
     return total.view(I64)
 
 
-def _distinct_sorted(x: np.ndarray) -> np.ndarray:
-    """The distinct values of a sorted array."""
-    if x.size == 0:
-        return x
-    first = np.empty(x.size, dtype=bool)
-    first[0] = True
-    np.not_equal(x[1:], x[:-1], out=first[1:])
-    return x[first]
+def run_starts(keys: np.ndarray) -> np.ndarray:
+    """The first position of every run of equal consecutive ``keys`` (of a sorted array: of
+    every distinct value)."""
+    if keys.size == 0:
+        return EMPTY
+    head = np.empty(keys.size, dtype=bool)
+    head[0] = True
+    np.not_equal(keys[1:], keys[:-1], out=head[1:])
+    return head.nonzero()[0]
 
 
 def _whole(size: int, block: int) -> int:

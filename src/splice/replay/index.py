@@ -44,7 +44,15 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from splice.replay._structures import EMPTY, I64, KeyMap, KeyMapState, Pool, PoolState
+from splice.replay._structures import (
+    EMPTY,
+    I64,
+    KeyMap,
+    KeyMapState,
+    Pool,
+    PoolState,
+    run_starts,
+)
 from splice.trajectories._index import index_by_id
 
 __all__ = ["IndexState", "ReplayIndex", "WritePlan", "WriteReport"]
@@ -260,13 +268,13 @@ class ReplayIndex:
             True
         """
         keys = np.ascontiguousarray(keys, dtype=I64).reshape(-1)
-        run_start = _run_starts(keys)
+        run_start = run_starts(keys)
         if run_start.size > 1:
             run_keys = np.sort(keys[run_start])
             if np.count_nonzero(run_keys[1:] == run_keys[:-1]):  # a trajectory in several runs
                 order = index_by_id(torch.from_numpy(keys)).cat_order().numpy()
                 keys = keys[order]
-                return WritePlan(keys, order, _run_starts(keys))
+                return WritePlan(keys, order, run_starts(keys))
         return WritePlan(keys, None, run_start)
 
     def write(self, keys: np.ndarray, run_start: np.ndarray | None = None) -> WriteReport:
@@ -396,7 +404,7 @@ class ReplayIndex:
         a0 = self.write_count % self.capacity
         rows = np.arange(a0, a0 + n, dtype=I64)
         if run_start is None:
-            run_start = _run_starts(keys)
+            run_start = run_starts(keys)
             if run_start.size > 1:
                 sorted_keys = np.sort(keys[run_start])
                 if np.count_nonzero(sorted_keys[1:] == sorted_keys[:-1]):
@@ -565,13 +573,3 @@ class ReplayIndex:
         self.traj.restore(state.traj)
         self.seg.restore(state.seg)
         self.keys.restore(state.keys)
-
-
-def _run_starts(keys: np.ndarray) -> np.ndarray:
-    """The first position of every run of equal consecutive ``keys``."""
-    if keys.size == 0:
-        return EMPTY
-    head = np.empty(keys.size, dtype=bool)
-    head[0] = True
-    np.not_equal(keys[1:], keys[:-1], out=head[1:])
-    return head.nonzero()[0]
