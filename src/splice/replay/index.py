@@ -377,7 +377,7 @@ class ReplayIndex:
         """Allocate and initialise slots for (unique, absent) ``keys``."""
         fresh = self.traj.alloc(keys.size)
         T = self.traj.data
-        T[_KEY, fresh] = keys
+        T[_KEY][fresh] = keys
         T[_FIRST:_GEN, fresh] = _NEW_TRAJ
         self.traj.a["gen"][fresh] += 1
         if keys.size == 1 or np.count_nonzero(keys[1:] <= keys[:-1]) == 0:
