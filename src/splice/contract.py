@@ -257,7 +257,8 @@ def flatten_steps(
             continue
         if key == ikey:
             given_ids = value
-        columns[key] = value if ndim == 1 else value.reshape(n, *value.shape[ndim:])
+        # (flatten: cheaper per call than the equivalent reshape)
+        columns[key] = value if ndim == 1 else value.flatten(0, ndim - 1)
     ids = real = None
     if given_ids is not None and ikey is not None:
         ids, padded = _read_ids(given_ids, ikey, batch)
