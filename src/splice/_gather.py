@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-__all__ = ["put_rows", "stable_order", "take_rows", "take_rows_of"]
+__all__ = ["numpy_view", "put_rows", "stable_order", "take_rows", "take_rows_of"]
 
 
 def take_rows(x: Tensor, rows: Tensor) -> Tensor:
@@ -86,13 +86,30 @@ def take_rows_of(columns: Mapping[K, Tensor], rows: Tensor) -> dict[K, Tensor]:
     return out
 
 
-def put_rows(dest: Tensor, start: int, src: Tensor) -> None:
+def numpy_view(x: Tensor) -> np.ndarray | None:
+    """``x.numpy()`` (the same memory), or None for a tensor numpy cannot view (not on the
+    CPU, autograd, a dtype numpy lacks).
+
+    Examples:
+        >>> numpy_view(torch.zeros(2)).tolist(), numpy_view(torch.zeros(2, requires_grad=True))
+        ([0.0, 0.0], None)
+    """
+    if x.device.type != "cpu" or x.requires_grad:
+        return None
+    try:
+        return x.numpy()
+    except (TypeError, RuntimeError):  # a dtype numpy lacks; conjugate/negative views
+        return None
+
+
+def put_rows(dest: Tensor, start: int, src: Tensor, view: np.ndarray | None = None) -> None:
     """``dest[start : start + len(src)] = src`` (same dtype), through numpy on the CPU.
 
     A torch slice plus ``copy_`` costs about 10 us per call on this project's benchmark
     machine, a numpy slice assignment about 4 us; a replay buffer's ``extend`` makes one per
-    stored key. Tensors numpy cannot view (accelerators, bfloat16, autograd) go through
-    ``copy_``.
+    stored key. ``view``: ``numpy_view(dest)``, when the caller keeps it (a storage does, for
+    each of its columns). Tensors numpy cannot view (accelerators, bfloat16, autograd) go
+    through ``copy_``.
 
     Examples:
         >>> dest = torch.zeros(5, dtype=torch.int64)
@@ -100,7 +117,12 @@ def put_rows(dest: Tensor, start: int, src: Tensor) -> None:
         >>> dest
         tensor([0, 7, 8, 0, 0])
     """
-    try:
-        dest.numpy()[start : start + src.shape[0]] = src.numpy()
-    except (TypeError, RuntimeError):  # not on the CPU, a dtype numpy lacks, autograd
-        dest[start : start + src.shape[0]].copy_(src)
+    if view is None:
+        view = numpy_view(dest)
+    if view is not None and src.device.type == "cpu" and not src.requires_grad:
+        try:
+            view[start : start + src.shape[0]] = src.numpy()
+            return
+        except (TypeError, RuntimeError):  # a dtype numpy lacks
+            pass
+    dest[start : start + src.shape[0]].copy_(src)

@@ -64,6 +64,7 @@ from splice._gather import take_rows
 from splice._non_tensor import non_tensor_values
 from splice.layout import (
     CONTRACT,
+    PADDING_ID,
     Key,
     LayoutError,
     all_leaves,
@@ -186,13 +187,21 @@ def read_ids(value: Tensor, key: NestedKey, batch_shape: torch.Size) -> Tensor:
           ...
         splice.layout.LayoutError: key 'traj': trajectory ids must have an integer dtype ...
     """
+    return _read_ids(value, key, batch_shape)[0]
+
+
+def _read_ids(value: Tensor, key: NestedKey, batch_shape: torch.Size) -> tuple[Tensor, bool]:
+    """:func:`read_ids`, and whether any id is ``-1`` (padding)."""
     if not is_integer_dtype(value.dtype) or value.shape != batch_shape:
         raise LayoutError(
             f"key {fmt_key(key)}: trajectory ids must have an integer dtype and shape "
             f"{list(batch_shape)}, got dtype {value.dtype} and shape {list(value.shape)}"
         )
-    check_trajectory_ids(value, key)
-    return value.to(torch.int64)
+    lowest = int(value.min()) if value.numel() else 0
+    if lowest < PADDING_ID:
+        check_trajectory_ids(value, key)  # raises, naming the first bad id
+    ids = value if value.dtype == torch.int64 else value.to(torch.int64)
+    return ids, lowest == PADDING_ID
 
 
 def flatten_steps(
@@ -221,18 +230,19 @@ def flatten_steps(
     """
     if not isinstance(td, TensorDictBase):
         raise TypeError(f"{context} must be a TensorDict, got {type(td).__name__}")
-    if td.ndim == 0:
+    batch = td.batch_size
+    n, ndim = batch.numel(), len(batch)
+    if ndim == 0:
         raise LayoutError(
             f"{context} needs at least one batch dimension ([N], [B, T] or padded [N, T]), got "
             "batch shape []"
         )
-    batch = td.batch_size
-    n, ndim = batch.numel(), len(batch)
     mkey = None if mask_key is None else as_key_tuple(mask_key)
     ikey = None if ids_key is None else as_key_tuple(ids_key)
     columns: dict[Key, Tensor] = {}
     objects: dict[Key, np.ndarray] = {}
     mask: Tensor | None = None
+    given_ids: Tensor | None = None
     for key, value in all_leaves(td):
         if not isinstance(value, Tensor):
             objects[key] = _object_column(key, value, batch, n, (ikey, mkey), context)
@@ -245,13 +255,18 @@ def flatten_steps(
                 )
             mask = value.reshape(n)
             continue
-        columns[key] = value if ndim == 1 else value.reshape(n, *value.shape[ndim:])
-    ids = None
-    if ikey is not None and ikey in columns:
-        ids = read_ids(td.get(ikey), ikey, batch).reshape(n)
+        if key == ikey:
+            given_ids = value
+        # (flatten: cheaper per call than the equivalent reshape)
+        columns[key] = value if ndim == 1 else value.flatten(0, ndim - 1)
+    ids = real = None
+    if given_ids is not None and ikey is not None:
+        ids, padded = _read_ids(given_ids, ikey, batch)
+        ids = ids if ndim == 1 else ids.reshape(n)
+        if padded:  # else every id is real: no per-step test
+            real = ids >= 0
     else:
         ikey = None
-    real = None if ids is None else ids >= 0
     if mask is not None:
         real = mask if real is None else real & mask
     if real is not None and bool(real.all()):

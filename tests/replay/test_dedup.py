@@ -214,14 +214,20 @@ def test_several_writers(storage: str, tmp_path: Path) -> None:
         batch_size=30,
     )
     errors: list[BaseException] = []
+    # The writers run their rounds together (each round's extends and samples race), so the
+    # newest rows hold all three writers' (free-running, one writer could finish its 40
+    # extends before another started).
+    rounds = threading.Barrier(3)
 
     def write(k: int) -> None:
         try:
             episodes = Episodes(2, 5.0, seed=k, final_is_reset=False, first_id=k * 10**6)
             for _ in range(40):
+                rounds.wait(timeout=60)
                 rb.extend(episodes.chunk(7))  # 560 steps per writer: wrapped many times
                 rb.sample()
         except BaseException as e:  # reported below, in the test's thread
+            rounds.abort()
             errors.append(e)
 
     threads = [threading.Thread(target=write, args=(k,)) for k in range(3)]

@@ -153,6 +153,8 @@ class Schema:
 
         ``subset``: the columns may cover only some keys (in-place writes).
         """
+        if not subset and self.matches(columns, objects):
+            return
         objects = objects or {}
         missing = [] if subset else [k for k in self.entries if k not in columns]
         missing += [] if subset else [k for k in self.objects if k not in objects]
@@ -183,6 +185,20 @@ class Schema:
                     f"{list(shape)}, got dtype {value.dtype} and per-step shape "
                     f"{list(value.shape[1:])}"
                 )
+
+    def matches(self, columns: Columns, objects: Objects | None = None) -> bool:
+        """Whether :meth:`check` passes (every key, dtype and per-step shape): the test an
+        ``extend`` makes, a few comparisons per key; :meth:`check` says what is wrong."""
+        entries = self.entries
+        if len(columns) != len(entries):
+            return False
+        if (objects or self.objects) and set(objects or ()) != set(self.objects):
+            return False
+        for key, value in columns.items():
+            spec = entries.get(key)
+            if spec is None or value.dtype != spec[0] or value.shape[1:] != spec[1]:
+                return False
+        return True
 
     def to_json(self) -> list[dict[str, object]]:
         """Tensor keys as ``{"key", "dtype", "shape"}``, object keys with dtype ``"object"``."""

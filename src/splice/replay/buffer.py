@@ -302,10 +302,11 @@ class ReplayBuffer:
             unsorted[order] = per_step
             per_step = unsorted
         if batch.source is None:  # every input step was written
-            return torch.from_numpy(per_step).view(batch.input_shape)
-        rows_out = torch.full(batch.input_shape, -1, dtype=torch.int64)
-        rows_out.view(-1)[torch.from_numpy(batch.source)] = torch.from_numpy(per_step)
-        return rows_out
+            # (numpy's reshape: torch's view of a numpy array costs several times more)
+            return torch.from_numpy(per_step.reshape(batch.input_shape))
+        rows_out = np.full(batch.input_shape.numel(), -1, dtype=I64)
+        rows_out[batch.source] = per_step
+        return torch.from_numpy(rows_out.reshape(batch.input_shape))
 
     def add(self, data: TensorDictBase | Tensor | Mapping[str, Any]) -> int:
         """Append a single step (a TensorDict with an empty batch size, a tensor or a dict of
@@ -743,6 +744,9 @@ def _as_numpy(x: object, dtype: type[np.generic]) -> np.ndarray:
 
 
 def _on_device(columns: Columns, device: torch.device) -> Columns:
-    if all(v.device == device for v in columns.values()):
+    if device.type == "cpu":
+        if all(v.is_cpu for v in columns.values()):
+            return columns
+    elif all(v.device == device for v in columns.values()):
         return columns
     return {k: v if v.device == device else v.to(device) for k, v in columns.items()}

@@ -267,10 +267,14 @@ class ReplayIndex:
             >>> ix.plan(np.array([5, 5, 6])).order is None  # already grouped
             True
         """
-        keys = np.ascontiguousarray(keys, dtype=I64).reshape(-1)
+        if keys.dtype != I64 or keys.ndim != 1 or not keys.flags.c_contiguous:
+            keys = np.ascontiguousarray(keys, dtype=I64).reshape(-1)
         run_start = run_starts(keys)
         if run_start.size > 1:
-            run_keys = np.sort(keys[run_start])
+            run_keys = keys[run_start]
+            # Increasing run keys (one env's stream) are distinct; else sort to compare.
+            if np.count_nonzero(run_keys[1:] <= run_keys[:-1]):
+                run_keys = np.sort(run_keys)
             if np.count_nonzero(run_keys[1:] == run_keys[:-1]):  # a trajectory in several runs
                 order = index_by_id(torch.from_numpy(keys)).cat_order().numpy()
                 keys = keys[order]
@@ -381,7 +385,7 @@ class ReplayIndex:
         """Allocate and initialise slots for (unique, absent) ``keys``."""
         fresh = self.traj.alloc(keys.size)
         T = self.traj.data
-        T[_KEY, fresh] = keys
+        T[_KEY][fresh] = keys
         T[_FIRST:_GEN, fresh] = _NEW_TRAJ
         self.traj.a["gen"][fresh] += 1
         if keys.size == 1 or np.count_nonzero(keys[1:] <= keys[:-1]) == 0:
@@ -451,10 +455,10 @@ class ReplayIndex:
         # Per row: slot, step and segment, repeated from the runs in one call.
         per_run = np.empty((3, R), dtype=I64)
         per_run[0] = slot
-        np.subtract(step0, run_start, out=per_run[1])
+        np.subtract(step0, start_row, out=per_run[1])  # a row's step: this + its row
         per_run[2] = seg
         info = np.repeat(per_run, run_len, axis=1)
-        info[1] += rows - a0
+        info[1] += rows
         self._row_info[:, a0 : a0 + n] = info
         self.row_key[a0 : a0 + n] = keys
         if n_new:

@@ -39,7 +39,7 @@ from tensordict.utils import NestedKey
 from torch import Tensor
 
 from splice._args import positive_int, require_int
-from splice._gather import put_rows, take_rows_of
+from splice._gather import numpy_view, put_rows, take_rows_of
 from splice.layout import NEXT, Key, LayoutError, as_key_tuple, fmt_key
 from splice.replay._batch import Columns, Objects, Schema, kind_of
 from splice.replay._boundaries import Boundaries
@@ -171,6 +171,8 @@ class Storage:
         self.objects: Objects = {}
         #: Shared next columns, by next key.
         self.shared: dict[Key, SharedNext] = {}
+        # numpy views of ``columns`` (None: numpy cannot view it), for the row copies.
+        self._views: dict[Key, np.ndarray | None] = {}
         self.row_key = np.full(max_size, -1, dtype=I64)
         self._owner: object | None = None
 
@@ -261,6 +263,7 @@ class Storage:
             if key in shared
         }
         self.objects = {key: self._new_objects(j, key) for j, key in enumerate(schema.objects)}
+        self._views = {key: numpy_view(column) for key, column in self.columns.items()}
         self.schema = schema
 
     def check_write(self, schema: Schema, objects: Objects) -> None:
@@ -290,13 +293,14 @@ class Storage:
         first = next(iter(columns.values()), None)
         n = first.shape[0] if first is not None else next(iter((objects or {}).values())).size
         head = min(n, self.max_size - start_row)
+        views = self._views
         for key, dest in self.columns.items():
-            src = columns[key]
+            src, view = columns[key], views[key]
             if head < n:
-                put_rows(dest, start_row, src[:head])
-                put_rows(dest, 0, src[head:])
+                put_rows(dest, start_row, src[:head], view)
+                put_rows(dest, 0, src[head:], view)
             else:
-                put_rows(dest, start_row, src)
+                put_rows(dest, start_row, src, view)
         if not (self.shared or objects):
             return
         rows = self._ring_rows(start_row, n)
@@ -761,7 +765,7 @@ class LazyMemmapStorage(Storage):
         self._cleaned = True
         had_data = self._meta_path.exists()
         self._maps.clear()
-        self.columns, self.objects, self.shared, self._logs = {}, {}, {}, {}
+        self.columns, self.objects, self.shared, self._logs, self._views = {}, {}, {}, {}, {}
         if self._finalizer is not None:
             self._finalizer.detach()
             self._finalizer = None
