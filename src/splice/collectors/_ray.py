@@ -15,9 +15,14 @@ silently lose its episodes and id counter: use the collector's ``restart_workers
 instance, as any Ray API would); to use a cluster, call ``ray.init(address=...)`` first.
 
 **Messages and data.** A request is one actor call, ``collect(random_actions, version,
-weights, keep)``; its reply carries the batch (in :func:`splice._remote.pack` form: numpy
-arrays, which Ray moves without pickling them, zero-copy from the object store on the same
-node), the returns of the episodes that ended, the id counter and the frame count. With
+weights, keep)``; its reply carries the batch (in :func:`splice._remote.pack` form), the
+returns of the episodes that ended, the id counter and the frame count, pickled by the actor
+into one ``bytes`` object (numpy arrays in band), which Ray sends as it is: Ray's own
+serialiser (cloudpickle, with a Python hook per object) cost ~0.2 ms more CPU per reply of a
+500-frame CartPole batch, and a sync batch of 2 workers is 2 replies. The rest of Ray's cost
+per actor call (submitting it, the reply's trip, the actor's own threads) is ~1 ms of CPU on
+this project's 2-core test machine, the floor of the backend's per-batch overhead (see
+``benchmarks/bench_parallel.py``). With
 :meth:`~RayPool.keep_batches_remote` the actor instead puts the batch into its node's object
 store (``ray.put``) and replies with the object reference only: a replay buffer served by a
 Ray actor (:class:`~splice.RayReplayBuffer`) then reads it from there, and the batch never
@@ -42,6 +47,7 @@ every pool's actors still alive (:data:`splice._remote.ACTORS`).
 from __future__ import annotations
 
 import itertools
+import pickle
 import threading
 import time
 import warnings
@@ -144,8 +150,13 @@ class RayWorker:
                 self.version = version
             batch, returns = core.collect(random_actions)
             data = pack(batch)
-            payload = [ray.put(data)] if keep else data  # a list: the reference stays one
-            return ("batch", payload, returns, core.ids_state(), core.frames)
+            if keep:  # a list: the reference stays one; Ray serialises it (it counts refs)
+                return ("batch", [ray.put(data)], returns, core.ids_state(), core.frames)
+            reply = ("batch", data, returns, core.ids_state(), core.frames)
+            try:  # bytes, which Ray sends as they are (see the module docstring)
+                return pickle.dumps(reply, protocol=pickle.HIGHEST_PROTOCOL)
+            except (pickle.PicklingError, TypeError, AttributeError):
+                return reply  # e.g. an info value only cloudpickle can pickle: Ray's way
         except BaseException as error:
             return ("error", format_exception(error))
 
@@ -224,6 +235,8 @@ class RayPool(WorkerPool):
     parameter), and the collectors on top of it by ``tests/collectors/test_ray.py``; the
     public example is :class:`~splice.RayReplayBuffer`'s.
     """
+
+    fresh_batches = True  # unpack() copies each batch out of Ray's memory
 
     def __init__(
         self,
@@ -324,6 +337,8 @@ class RayPool(WorkerPool):
         except ray.exceptions.RayError as error:
             self._fail(actor, str(error))
             return None
+        if isinstance(reply, bytes):  # a batch (RayWorker.collect)
+            reply = pickle.loads(reply)
         if isinstance(reply, tuple) and reply and reply[0] == "error":
             self._fail(actor, reply[1])
             return None
