@@ -38,9 +38,13 @@ version differs from the one it loaded: weights change between batches, never wi
 text; a dead actor (killed, its node lost) makes its pending reply raise
 ``RayActorError``. Both become :class:`~splice.WorkerError` (index and traceback) in
 :meth:`~RayPool.wait`, and the failed actor is ended (``ray.kill``). :meth:`~RayPool.close`
-asks every actor to close (an actor finishes the batch under way first), kills the ones that
-do not answer within 60% of the timeout, kills the rest too (ending their processes), and
-waits until the actors' processes on this node are gone. At interpreter exit a hook ends
+asks every actor to close (an actor finishes the batch under way first) and waits up to 60% of
+the timeout for the answers (not for busy actors after :meth:`~RayPool.interrupt`: the
+collector's ``shutdown()`` already waited for their batch, they are stuck); it kills at once
+the actors that did not answer (an exit request would queue behind the call they are in),
+asks the others to exit (an intended exit, which Ray does not report as a dead worker; killed
+after :data:`splice._remote.EXIT_GRACE` if still there), and waits until the actors' processes
+on this node are gone. At interpreter exit a hook ends
 every pool's actors still alive (:data:`splice._remote.ACTORS`).
 """
 
@@ -142,7 +146,7 @@ class RayWorker:
 
     def collect(
         self, random_actions: bool, version: int, weights: list[Any] | None, keep: bool
-    ) -> tuple[Any, ...]:
+    ) -> tuple[Any, ...] | bytes:
         try:
             core = self._core()
             if weights is not None and version != self.version:
@@ -480,6 +484,9 @@ class RayPool(WorkerPool):
             return []
         start = time.monotonic()
         with self._lock:
+            # interrupt() came first: shutdown() already waited for the batches under way,
+            # and the busy actors are stuck; they are not waited for again.
+            stuck = self.interrupted
             self.interrupted = True  # a thread waiting in wait() leaves it
             self._closed = True
             live = [a for a in self._actors if a.state not in (_FAILED, _CLOSED)]
@@ -490,6 +497,8 @@ class RayPool(WorkerPool):
         answered: set[int] = set()
         soft = start + 0.6 * timeout
         while closing and time.monotonic() < soft:
+            if stuck and all(actor.index in busy_at_close for actor in closing.values()):
+                break
             done, _ = ray.wait(list(closing), num_returns=1, timeout=soft - time.monotonic())
             for ref in done:
                 actor = closing.pop(ref)
@@ -499,13 +508,19 @@ class RayPool(WorkerPool):
                 except ray.exceptions.RayError:
                     pass  # it died meanwhile: nothing to count
         forced = sorted(i for i in busy_at_close if i not in answered)
-        # 2. End every actor (its process), 3. wait until those of this node are gone.
-        self.end_actors(start + timeout)
+        # 2. End every actor (its process): those that answered exit, those that did not are
+        # busy with a call they will not finish in time, and are killed; 3. wait until those
+        # of this node are gone.
+        silent = {actor.index for actor in closing.values()}
+        self.end_actors(start + timeout, unresponsive=silent)
         return forced
 
-    def end_actors(self, deadline: float) -> None:
-        """Kill every actor now and wait (until ``deadline``) for those on this node to end:
-        :meth:`close`'s last step, and what happens at interpreter exit."""
+    def end_actors(self, deadline: float, unresponsive: Collection[int] = ()) -> None:
+        """End every actor and wait (until ``deadline``) for those on this node to end:
+        :meth:`close`'s last step, and what happens at interpreter exit. The actors of the
+        workers ``unresponsive`` are killed at once (an exit request would wait behind the
+        call they are stuck in); the others are asked to exit first
+        (:func:`splice._remote.end_actors`)."""
         with self._lock:
             self._closed = True
             self.interrupted = True
@@ -516,7 +531,9 @@ class RayPool(WorkerPool):
             self._weights_ref = None
         ACTORS.discard(self)
         local = [a.pid for a in actors if a.local and a.pid is not None]
-        end_actors([a.handle for a in actors], local, deadline)
+        kill = [a.handle for a in actors if a.index in unresponsive]
+        ask = [a.handle for a in actors if a.index not in unresponsive]
+        end_actors(ask, local, deadline, kill_now=kill)
 
 
 def _make(
