@@ -377,6 +377,7 @@ class FaultyEnv(CountingEnv):
 
     Raises:
         ValueError: ``fault`` is neither ``"raise"`` nor ``"block"``, or ``at < 1``.
+        TypeError: ``at`` is not an int.
 
     Examples:
         >>> env = FaultyEnv(at=2)
@@ -393,8 +394,10 @@ class FaultyEnv(CountingEnv):
     ) -> None:
         if fault not in ("raise", "block"):
             raise ValueError(f"fault must be 'raise' or 'block', got {fault!r}")
-        if isinstance(at, bool) or not isinstance(at, int) or at < 1:
-            raise ValueError(f"at must be a step number >= 1, got {at!r}")
+        if isinstance(at, bool) or not isinstance(at, int):
+            raise TypeError(f"at must be an int, got {type(at).__name__}")
+        if at < 1:
+            raise ValueError(f"at must be a step number >= 1, got {at}")
         super().__init__(length=length)
         self.at, self.fault, self.marker = at, fault, marker
 
