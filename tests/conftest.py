@@ -99,19 +99,54 @@ def _ray_session():
     assert not left, f"Ray processes left after the session: {left}"
 
 
-@pytest.fixture
-def ray_instance(_ray_session):
+def _running_ray() -> Any:
     """The ``ray`` module, with the tests' local Ray instance running (started on first use,
-    ~5-10 s on this machine, and kept for the session); after the test, no actor it started
-    may be left running (their processes are checked)."""
+    ~5-10 s on this machine, and kept for the session)."""
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     import ray
 
     if not ray.is_initialized():
         ray.init(**RAY_INIT)
+    return ray
+
+
+def _no_new_ray_actors(before: set[int], timeout: float) -> dict[int, bytes]:
+    """Wait up to ``timeout`` s for every Ray actor process not in ``before`` to end; kill
+    and return those left."""
+    deadline = time.monotonic() + timeout
+    left = {p: c for p, c in ray_processes(services=False).items() if p not in before}
+    while left and time.monotonic() < deadline:
+        time.sleep(0.05)
+        left = {p: c for p, c in ray_processes(services=False).items() if p not in before}
+    for pid in left:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    return left
+
+
+@pytest.fixture
+def ray_instance(_ray_session):
+    """The ``ray`` module, with the tests' local Ray instance running; after the test, no
+    actor it started may be left running (their processes are checked; actors of a
+    module-scoped fixture (:func:`ray_module`) that were running before the test are not the
+    test's)."""
+    ray = _running_ray()
+    before = set(ray_processes(services=False))
     yield ray
-    left = wait_for_no_ray_processes(services=False, timeout=5.0)
+    left = _no_new_ray_actors(before, timeout=5.0)
     assert not left, f"the test left Ray actors running: {left}"
+
+
+@pytest.fixture(scope="module")
+def ray_module(_ray_session):
+    """:func:`ray_instance` for module-scoped fixtures whose collectors or buffers several
+    tests of a module share (an actor start costs seconds): after the module, no actor
+    started during it may be left running."""
+    ray = _running_ray()
+    before = set(ray_processes(services=False))
+    yield ray
+    left = _no_new_ray_actors(before, timeout=5.0)
+    assert not left, f"the module left Ray actors running: {left}"
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

@@ -44,12 +44,17 @@ from splice import (
     MultiAsyncCollector,
     MultiSyncCollector,
     RayReplayBuffer,
-    SliceSampler,
 )
 from splice.collectors.ids import worker_of
 from splice.examples.masked_cartpole import make_masked_cartpole
-from splice.examples.qnets import STATE_KEY, EpsilonGreedy
-from splice.examples.r2d2 import Learner, R2D2Config, evaluate, make_network
+from splice.examples.qnets import EpsilonGreedy
+from splice.examples.r2d2 import (
+    Learner,
+    R2D2Config,
+    evaluate,
+    make_network,
+    make_sampler,
+)
 from splice.layout import IS_INIT, TRAJ_IDS
 
 SMALL = os.environ.get("SPLICE_DOCS_BUDGET", "full") == "small"
@@ -194,18 +199,11 @@ BATCH = (
 TRAIN_FRAMES = BATCH * (190 if SMALL else 4_700)  # a whole number of batches
 net = make_network(config, obs_dim=2, n_actions=2)  # masked CartPole: x and angle
 policy = EpsilonGreedy(net, n_actions=2, seed=0, epsilon=0.2)
-rb = RayReplayBuffer(  # the replay settings of splice.examples.r2d2, in a Ray actor
+sampler, sample_steps = make_sampler(config)  # the recurrent agent's replay settings
+rb = RayReplayBuffer(  # ... in a Ray actor
     storage=LazyTensorStorage(config.capacity),
-    sampler=SliceSampler(
-        slice_len=config.seq_len,
-        burn_in=config.burn_in,
-        strict_length=False,
-        weighting="transition",
-        as_sequences=True,
-        state_keys=[STATE_KEY],
-        seed=0,
-    ),
-    batch_size=config.batch_size * config.seq_len,
+    sampler=sampler,
+    batch_size=sample_steps,
 )
 collector = MultiAsyncCollector(
     lambda: make_masked_cartpole(4),

@@ -37,6 +37,7 @@ import contextlib
 import threading
 import time
 import weakref
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 import numpy as np
@@ -202,13 +203,20 @@ def _alive(pid: int) -> bool:
 EXIT_GRACE = 1.0
 
 
-def end_actors(handles: list[Any], local_pids: list[int], deadline: float) -> None:
-    """End actors whose class has an ``exit`` method (:func:`exit_actor`): ask each to exit,
-    wait up to :data:`EXIT_GRACE` seconds (and no later than ``deadline``) for the processes
-    of this node, then ``ray.kill`` what is left and wait for it until ``deadline``."""
+def end_actors(
+    handles: list[Any], local_pids: list[int], deadline: float, kill_now: Sequence[Any] = ()
+) -> None:
+    """End actors whose class has an ``exit`` method (:func:`exit_actor`): ``ray.kill`` those
+    of ``kill_now`` (busy with a call they will not finish: an exit request would wait behind
+    it), ask each of ``handles`` to exit, wait up to :data:`EXIT_GRACE` seconds (and no later
+    than ``deadline``) for the processes of this node (``local_pids``: of both lists), then
+    ``ray.kill`` what is left and wait for it until ``deadline``."""
     ray = require_ray()
     if not ray.is_initialized():
         return
+    for handle in kill_now:
+        with contextlib.suppress(Exception):  # already gone
+            ray.kill(handle, no_restart=True)
     for handle in handles:
         with contextlib.suppress(Exception):  # already gone
             handle.exit.remote()

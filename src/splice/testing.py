@@ -11,7 +11,8 @@ stale step is visible in the data itself:
   ``observation[..., 0]`` is the step's global index (env-major within a chunk, counting on
   across chunks). :func:`synthetic_rollout` is its first chunk.
 * :class:`CountingEnv` is a gymnasium env whose observation counts the env's real steps, and
-  :func:`counting_vec` vectorizes it in any autoreset mode.
+  :func:`counting_vec` vectorizes it in any autoreset mode; :class:`FaultyEnv` is one that
+  raises or blocks at a chosen step (a worker fault).
 * :func:`assert_slices_contiguous` checks sampled ``[S, L]`` slices against the payload, and
   :func:`assert_worker_streams` checks the batches of one or more collector workers.
 * :func:`descendant_processes`, :func:`is_ray_service` and :func:`is_ray_process` let tests
@@ -35,6 +36,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import time
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -69,6 +71,7 @@ __all__ = [
     "ConstantPolicy",
     "CountingEnv",
     "EnvFamily",
+    "FaultyEnv",
     "SyntheticStream",
     "assert_slices_contiguous",
     "assert_worker_streams",
@@ -356,6 +359,60 @@ class CountingEnv(gym.Env[np.ndarray, np.int64]):
         truncated = self.trunc is not None and self.t >= self.trunc and not terminated
         info = {"total": self.total, "t": self.t}
         return self._obs(), float(action), terminated, truncated, info
+
+
+class FaultyEnv(CountingEnv):
+    """A :class:`CountingEnv` (episodes of ``length`` steps) that fails at its ``at``-th step
+    (counted over its whole life, across episodes): a worker fault for tests.
+
+    Args:
+        at: the step (1-based: the env's steps are counted over its life) that fails.
+        fault: ``"raise"`` (a ``ValueError`` naming the step) or ``"block"`` (the step sleeps
+            for an hour: a worker stuck in its env, to be ended by a shutdown).
+        marker: a file path, or ``None``. ``"block"`` creates the file before blocking (so a
+            test can wait until the env is stuck); ``"raise"`` raises only if the file does
+            not exist yet, and creates it (so the env of a replacement worker does not fail
+            again).
+        length: the episode length.
+
+    Raises:
+        ValueError: ``fault`` is neither ``"raise"`` nor ``"block"``, or ``at < 1``.
+        TypeError: ``at`` is not an int.
+
+    Examples:
+        >>> env = FaultyEnv(at=2)
+        >>> _ = env.reset()
+        >>> _ = env.step(0)
+        >>> env.step(0)
+        Traceback (most recent call last):
+        ...
+        ValueError: env exploded at step 2
+    """
+
+    def __init__(
+        self, at: int, fault: str = "raise", marker: str | None = None, length: int = 4
+    ) -> None:
+        if fault not in ("raise", "block"):
+            raise ValueError(f"fault must be 'raise' or 'block', got {fault!r}")
+        if isinstance(at, bool) or not isinstance(at, int):
+            raise TypeError(f"at must be an int, got {type(at).__name__}")
+        if at < 1:
+            raise ValueError(f"at must be a step number >= 1, got {at}")
+        super().__init__(length=length)
+        self.at, self.fault, self.marker = at, fault, marker
+
+    def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        """One step of :class:`CountingEnv`, or the fault at step :attr:`at` and after."""
+        if self.total + 1 >= self.at:
+            if self.fault == "block":
+                if self.marker is not None:
+                    Path(self.marker).touch()
+                time.sleep(3600)
+            elif self.marker is None or not Path(self.marker).exists():
+                if self.marker is not None:
+                    Path(self.marker).touch()
+                raise ValueError(f"env exploded at step {self.at}")
+        return super().step(action)
 
 
 def counting_vec(

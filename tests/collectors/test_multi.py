@@ -32,7 +32,13 @@ from splice import (
 )
 from splice.collectors.ids import ID_BITS, worker_of
 from splice.layout import CUT, DONE, IS_INIT, MASK, TRAJ_IDS
-from splice.testing import ConstantPolicy, CountingEnv, assert_worker_streams, counting_vec
+from splice.testing import (
+    ConstantPolicy,
+    CountingEnv,
+    FaultyEnv,
+    assert_worker_streams,
+    counting_vec,
+)
 
 pytestmark = pytest.mark.timeout(120)
 # Classes and functions of this module travel to the workers by value (the workers cannot
@@ -45,35 +51,6 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def counting(*lengths: int, mode: AutoresetMode = AutoresetMode.NEXT_STEP):
     return lambda: counting_vec(list(lengths), mode)
-
-
-class RaisingEnv(CountingEnv):
-    """Raises at its ``at``-th step (only once per ``marker`` file, if given)."""
-
-    def __init__(self, at: int, marker: str | None = None) -> None:
-        super().__init__(length=4)
-        self.at, self.marker = at, marker
-
-    def step(self, action):
-        if self.total + 1 >= self.at and (self.marker is None or not Path(self.marker).exists()):
-            if self.marker is not None:
-                Path(self.marker).touch()
-            raise ValueError(f"env exploded at step {self.at}")
-        return super().step(action)
-
-
-class BlockingEnv(CountingEnv):
-    """Blocks (sleeps for an hour) at its ``at``-th step, after creating ``marker``."""
-
-    def __init__(self, at: int, marker: str) -> None:
-        super().__init__(length=4)
-        self.at, self.marker = at, marker
-
-    def step(self, action):
-        if self.total + 1 >= self.at:
-            Path(self.marker).touch()
-            time.sleep(3600)
-        return super().step(action)
 
 
 class GRUPolicy(torch.nn.Module):
@@ -520,7 +497,7 @@ def test_spawn_start_method_works():
 @pytest.mark.parametrize("kind", KINDS)
 def test_env_error_is_reported_with_index_and_traceback(kind):
     collector = kind(
-        [counting(3), vec(lambda: RaisingEnv(at=25))], frames_per_batch=20, total_frames=400
+        [counting(3), vec(lambda: FaultyEnv(at=25))], frames_per_batch=20, total_frames=400
     )
     start = time.monotonic()
     with pytest.raises(WorkerError) as info:
@@ -563,7 +540,7 @@ def test_killed_worker_is_reported_within_10_s(kind):
 
 def test_background_failure_surfaces_in_the_caller(list_buffer):
     collector = MultiAsyncCollector(
-        [counting(3), vec(lambda: RaisingEnv(at=45))],
+        [counting(3), vec(lambda: FaultyEnv(at=45))],
         frames_per_batch=10,
         replay_buffer=list_buffer,
     )
@@ -588,7 +565,7 @@ def test_env_factory_error_is_reported_at_construction():
 def test_shutdown_ends_a_worker_blocked_in_its_env_within_10_s(kind, list_buffer, tmp_path):
     marker = str(tmp_path / "blocked")
     collector = kind(
-        [counting(3), vec(lambda: BlockingEnv(at=15, marker=marker))],
+        [counting(3), vec(lambda: FaultyEnv(at=15, fault="block", marker=marker))],
         frames_per_batch=10,
         replay_buffer=list_buffer,
     )
@@ -608,7 +585,8 @@ def test_shutdown_ends_a_worker_blocked_in_its_env_within_10_s(kind, list_buffer
 def test_shutdown_in_iteration_mode_ends_a_blocked_worker(tmp_path):
     marker = str(tmp_path / "blocked")
     collector = MultiAsyncCollector(
-        [counting(3), vec(lambda: BlockingEnv(at=15, marker=marker))], frames_per_batch=10
+        [counting(3), vec(lambda: FaultyEnv(at=15, fault="block", marker=marker))],
+        frames_per_batch=10,
     )
     it = iter(collector)
     while not Path(marker).exists():  # worker 1 gets stuck in its second batch (granted ahead)
@@ -706,7 +684,7 @@ def test_restart_workers_replaces_a_worker_whose_env_raised(tmp_path):
     marker = str(tmp_path / "failed-once")
     with (
         MultiSyncCollector(
-            [counting(3), vec(lambda: RaisingEnv(at=12, marker=marker))],
+            [counting(3), vec(lambda: FaultyEnv(at=12, marker=marker))],
             frames_per_batch=10,
             total_frames=60,
             restart_workers=True,

@@ -1,18 +1,26 @@
 """The ``"ray"`` backend of MultiSyncCollector / MultiAsyncCollector, end to end on a local Ray
-instance (``ray_instance`` in tests/conftest.py): the collector guarantees, a
-``RayReplayBuffer`` fed by the workers without the data passing through this process, faults
-and shutdown. The pool protocol itself is checked by test_pool.py's contract suite (the
-``"ray"`` parameter). Every test checks that no actor process is left (``ray_instance``, and
-conftest.py's fixture for any process)."""
+instance (``ray_instance`` / ``ray_module`` in tests/conftest.py): the collector guarantees,
+``trajs_per_batch``, a ``RayReplayBuffer`` fed by the workers without the data passing through
+this process, faults and shutdown. The pool protocol itself is checked by test_pool.py's
+contract suite (the ``"ray"`` parameter).
+
+An actor start costs seconds (it imports torch), so tests share what they can through
+module-scoped fixtures: one ``RayReplayBuffer`` (each test empties it first), and one
+endless ``MultiAsyncCollector`` used first by the ``trajs_per_batch`` test and then by the
+killed-actor test, which ends one of its actors (its last user). Every test checks that no
+actor process it started is left (``ray_instance``; conftest.py's fixture for any process),
+and each module fixture that its actors are gone after the module (``ray_module``)."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 import subprocess
 import sys
 import textwrap
 import time
+import warnings
 from collections import defaultdict
 from pathlib import Path
 
@@ -31,8 +39,8 @@ from splice import (
 )
 from splice.collectors._ray import RayPool
 from splice.collectors.ids import worker_of
-from splice.layout import CUT, DONE, TRAJ_IDS
-from splice.testing import ConstantPolicy, CountingEnv, assert_worker_streams, counting_vec
+from splice.layout import CUT, DONE, IS_INIT, TRAJ_IDS
+from splice.testing import ConstantPolicy, FaultyEnv, assert_worker_streams, counting_vec
 
 pytestmark = pytest.mark.timeout(180)
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -41,28 +49,11 @@ KINDS = [MultiSyncCollector, MultiAsyncCollector]
 ROOT = Path(__file__).resolve().parents[2]
 
 
-class FaultyEnv(CountingEnv):
-    """Raises (``fault="raise"``) or blocks for an hour after touching ``marker``
-    (``fault="block"``) at its ``at``-th step."""
-
-    def __init__(self, at: int, fault: str, marker: str = "") -> None:
-        super().__init__(length=4)
-        self.at, self.fault, self.marker = at, fault, marker
-
-    def step(self, action):
-        if self.total + 1 >= self.at:
-            if self.fault == "raise":
-                raise ValueError(f"env exploded at step {self.at}")
-            Path(self.marker).touch()
-            time.sleep(3600)
-        return super().step(action)
-
-
 def counting(*lengths: int):
     return lambda: counting_vec(list(lengths))
 
 
-def faulty(at: int, fault: str, marker: str = ""):
+def faulty(at: int, fault: str, marker: str | None = None):
     return lambda: gym.vector.SyncVectorEnv([lambda: FaultyEnv(at, fault, marker)])
 
 
@@ -148,8 +139,23 @@ class _Unpicklable:
 
 
 # -------------------------------------------------------------------------- guarantees
+@pytest.fixture(scope="module")
+def ray_buffer(ray_module):
+    """One replay buffer served by a Ray actor, for the tests that feed one (each empties it
+    first: ``empty()`` also resets ``write_count``)."""
+    rb = RayReplayBuffer(
+        storage=LazyTensorStorage(100_000),
+        sampler=SliceSampler(slice_len=5, as_sequences=True, seed=0),
+        batch_size=40,
+    )
+    yield rb
+    rb.shutdown()
+
+
 @pytest.mark.parametrize("kind", KINDS)
-def test_ray_workers_keep_the_guarantees_and_feed_a_ray_buffer(kind, ray_instance, monkeypatch):
+def test_ray_workers_keep_the_guarantees_and_feed_a_ray_buffer(
+    kind, ray_instance, ray_buffer, monkeypatch
+):
     """Iteration, then background collection, with one collector of two actors:
 
     * iterating: ids unique across actors and continued across batches, every step once and
@@ -165,11 +171,9 @@ def test_ray_workers_keep_the_guarantees_and_feed_a_ray_buffer(kind, ray_instanc
     different steps make a worker's loop run a few steps of its next batch ahead, with the
     weights of the time.)"""
     sync = kind is MultiSyncCollector
-    rb = RayReplayBuffer(
-        storage=LazyTensorStorage(100_000),
-        sampler=SliceSampler(slice_len=5, as_sequences=True, seed=0),
-        batch_size=40,
-    )
+    rb = ray_buffer
+    rb.empty()
+    assert rb.write_count == len(rb) == 0
     collector = kind(
         counting(5, 5),
         ConstantPolicy(),
@@ -179,7 +183,7 @@ def test_ray_workers_keep_the_guarantees_and_feed_a_ray_buffer(kind, ray_instanc
         backend="ray",
         replay_buffer=rb,
     )
-    with rb, collector:
+    with collector:
         assert collector.remote_writes
         pids = [info.pid for info in collector.worker_info]
         assert len(set(pids)) == 2 and os.getpid() not in pids
@@ -263,17 +267,77 @@ def test_env_error_in_an_actor_is_reported_with_index_and_traceback(ray_instance
     collector.shutdown()
 
 
-def test_killed_actor_is_reported_within_10_s(ray_instance):
-    with MultiAsyncCollector(counting(3), num_workers=2, frames_per_batch=10, backend="ray") as c:
-        it = iter(c)
-        next(it)
-        os.kill(c.worker_info[1].pid, signal.SIGKILL)
-        start = time.monotonic()
-        with pytest.raises(WorkerError, match="died unexpectedly") as info:
-            for _ in range(1000):
-                next(it)
-        assert time.monotonic() - start < 10
-        assert info.value.worker == 1
+@pytest.fixture(scope="module")
+def async_episodes(ray_module):
+    """An endless MultiAsyncCollector of two actors (CountingEnv episodes of 6 and 9 steps,
+    4 steps per batch) that yields 3 whole episodes per output, and its iterator: used by
+    the ``trajs_per_batch`` test, then by the killed-actor test (its last user, which shuts
+    it down: its actors hold the Ray instance's 2 CPUs)."""
+    collector = MultiAsyncCollector(
+        counting(6, 9),
+        num_workers=2,
+        frames_per_batch=8,
+        trajs_per_batch=3,
+        traj_format="cat",
+        drop_incomplete=True,
+        backend="ray",
+    )
+    yield collector, iter(collector)
+    collector.shutdown()
+
+
+def test_trajs_per_batch_yields_whole_episodes_each_step_once(async_episodes, ray_instance):
+    """Episodes of 6 and 9 steps from two actors' 4-step batches: every output holds 3
+    complete episodes (stitched across their worker's batches, none cut), ids unique across
+    actors, and each env's emitted steps are its first ones, each exactly once."""
+    collector, it = async_episodes
+    assert collector.frames_per_batch // 2 < 6  # every episode spans several batches
+    outputs = [next(it) for _ in range(12)]
+    ids: list[int] = []
+    steps: dict[tuple[int, int], list[int]] = defaultdict(list)  # (worker, env) -> obs counts
+    for out in outputs:
+        traj = out[TRAJ_IDS]
+        starts = torch.cat([torch.tensor([True]), traj[1:] != traj[:-1]])
+        ends = torch.cat([traj[1:] != traj[:-1], torch.tensor([True])])
+        assert int(starts.sum()) == 3
+        assert torch.equal(out[IS_INIT][:, 0], starts)  # every episode from its first step
+        assert torch.equal(out[DONE][:, 0], ends)  # ... to its end
+        assert not bool(out[CUT].any())
+        bounds = [*starts.nonzero()[:, 0].tolist(), traj.numel()]
+        for a, b in itertools.pairwise(bounds):
+            obs = out["observation"][a:b]
+            tag = int(obs[0, 2])
+            assert b - a == (6, 9)[tag]
+            assert torch.equal(obs[:, 1], torch.arange(1.0 * (b - a)))  # steps 0..n-1
+            assert bool((torch.diff(obs[:, 0]) == 1).all())  # consecutive env steps
+            ids.append(int(traj[a]))
+            steps[(int(worker_of(traj[a])), tag)] += obs[:, 0].tolist()
+    assert len(ids) == len(set(ids)) == 36  # no episode twice, ids unique across actors
+    assert len({worker for worker, _ in steps}) == 2
+    for counts in steps.values():  # episodes end in order: each env's first steps, once
+        assert sorted(counts) == list(range(len(counts)))
+
+
+def test_killed_actor_is_reported_within_10_s(async_episodes, ray_instance):
+    collector, it = async_episodes
+    next(it)
+    pid = collector.worker_info[1].pid
+    os.kill(pid, signal.SIGKILL)
+    start = time.monotonic()
+    with pytest.raises(WorkerError, match="died unexpectedly") as info:
+        for _ in range(1000):
+            next(it)
+    assert time.monotonic() - start < 10
+    assert info.value.worker == 1
+    wait_for(lambda: gone(pid), timeout=5)
+    # The fixture's last user: its actors hold the instance's CPUs, which the next tests need.
+    # The surviving actor may have a batch under way: shutdown waits for it and ends the
+    # actor cleanly (no worker reported as terminated mid-batch).
+    survivor = collector.worker_info[0].pid
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        collector.shutdown()
+    assert gone(survivor)
 
 
 def test_restart_workers_replaces_a_killed_actor(ray_instance):

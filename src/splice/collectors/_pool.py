@@ -98,6 +98,10 @@ class WorkerPool(ABC):
     :meth:`interrupt`.
     """
 
+    #: Whether the batches :meth:`fetch` returns are copies that no worker writes again
+    #: (the Ray backend's): the collector then hands them out without copying them again.
+    fresh_batches = False
+
     def __init__(self, specs: Sequence[WorkerSpec], weights: TensorDictBase | None) -> None:
         self.specs = list(specs)
         self.num_workers = len(self.specs)

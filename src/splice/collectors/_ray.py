@@ -15,9 +15,14 @@ silently lose its episodes and id counter: use the collector's ``restart_workers
 instance, as any Ray API would); to use a cluster, call ``ray.init(address=...)`` first.
 
 **Messages and data.** A request is one actor call, ``collect(random_actions, version,
-weights, keep)``; its reply carries the batch (in :func:`splice._remote.pack` form: numpy
-arrays, which Ray moves without pickling them, zero-copy from the object store on the same
-node), the returns of the episodes that ended, the id counter and the frame count. With
+weights, keep)``; its reply carries the batch (in :func:`splice._remote.pack` form), the
+returns of the episodes that ended, the id counter and the frame count, pickled by the actor
+into one ``bytes`` object (numpy arrays in band), which Ray sends as it is: Ray's own
+serialiser (cloudpickle, with a Python hook per object) cost ~0.2 ms more CPU per reply of a
+500-frame CartPole batch, and a sync batch of 2 workers is 2 replies. The rest of Ray's cost
+per actor call (submitting it, the reply's trip, the actor's own threads) is ~1 ms of CPU on
+this project's 2-core test machine, the floor of the backend's per-batch overhead (see
+``benchmarks/bench_parallel.py``). With
 :meth:`~RayPool.keep_batches_remote` the actor instead puts the batch into its node's object
 store (``ray.put``) and replies with the object reference only: a replay buffer served by a
 Ray actor (:class:`~splice.RayReplayBuffer`) then reads it from there, and the batch never
@@ -33,15 +38,20 @@ version differs from the one it loaded: weights change between batches, never wi
 text; a dead actor (killed, its node lost) makes its pending reply raise
 ``RayActorError``. Both become :class:`~splice.WorkerError` (index and traceback) in
 :meth:`~RayPool.wait`, and the failed actor is ended (``ray.kill``). :meth:`~RayPool.close`
-asks every actor to close (an actor finishes the batch under way first), kills the ones that
-do not answer within 60% of the timeout, kills the rest too (ending their processes), and
-waits until the actors' processes on this node are gone. At interpreter exit a hook ends
+asks every actor to close (an actor finishes the batch under way first) and waits up to 60% of
+the timeout for the answers (not for busy actors after :meth:`~RayPool.interrupt`: the
+collector's ``shutdown()`` already waited for their batch, they are stuck); it kills at once
+the actors that did not answer (an exit request would queue behind the call they are in),
+asks the others to exit (an intended exit, which Ray does not report as a dead worker; killed
+after :data:`splice._remote.EXIT_GRACE` if still there), and waits until the actors' processes
+on this node are gone. At interpreter exit a hook ends
 every pool's actors still alive (:data:`splice._remote.ACTORS`).
 """
 
 from __future__ import annotations
 
 import itertools
+import pickle
 import threading
 import time
 import warnings
@@ -136,7 +146,7 @@ class RayWorker:
 
     def collect(
         self, random_actions: bool, version: int, weights: list[Any] | None, keep: bool
-    ) -> tuple[Any, ...]:
+    ) -> tuple[Any, ...] | bytes:
         try:
             core = self._core()
             if weights is not None and version != self.version:
@@ -144,8 +154,13 @@ class RayWorker:
                 self.version = version
             batch, returns = core.collect(random_actions)
             data = pack(batch)
-            payload = [ray.put(data)] if keep else data  # a list: the reference stays one
-            return ("batch", payload, returns, core.ids_state(), core.frames)
+            if keep:  # a list: the reference stays one; Ray serialises it (it counts refs)
+                return ("batch", [ray.put(data)], returns, core.ids_state(), core.frames)
+            reply = ("batch", data, returns, core.ids_state(), core.frames)
+            try:  # bytes, which Ray sends as they are (see the module docstring)
+                return pickle.dumps(reply, protocol=pickle.HIGHEST_PROTOCOL)
+            except (pickle.PicklingError, TypeError, AttributeError):
+                return reply  # e.g. an info value only cloudpickle can pickle: Ray's way
         except BaseException as error:
             return ("error", format_exception(error))
 
@@ -224,6 +239,8 @@ class RayPool(WorkerPool):
     parameter), and the collectors on top of it by ``tests/collectors/test_ray.py``; the
     public example is :class:`~splice.RayReplayBuffer`'s.
     """
+
+    fresh_batches = True  # unpack() copies each batch out of Ray's memory
 
     def __init__(
         self,
@@ -324,6 +341,8 @@ class RayPool(WorkerPool):
         except ray.exceptions.RayError as error:
             self._fail(actor, str(error))
             return None
+        if isinstance(reply, bytes):  # a batch (RayWorker.collect)
+            reply = pickle.loads(reply)
         if isinstance(reply, tuple) and reply and reply[0] == "error":
             self._fail(actor, reply[1])
             return None
@@ -465,6 +484,9 @@ class RayPool(WorkerPool):
             return []
         start = time.monotonic()
         with self._lock:
+            # interrupt() came first: shutdown() already waited for the batches under way,
+            # and the busy actors are stuck; they are not waited for again.
+            stuck = self.interrupted
             self.interrupted = True  # a thread waiting in wait() leaves it
             self._closed = True
             live = [a for a in self._actors if a.state not in (_FAILED, _CLOSED)]
@@ -475,6 +497,8 @@ class RayPool(WorkerPool):
         answered: set[int] = set()
         soft = start + 0.6 * timeout
         while closing and time.monotonic() < soft:
+            if stuck and all(actor.index in busy_at_close for actor in closing.values()):
+                break
             done, _ = ray.wait(list(closing), num_returns=1, timeout=soft - time.monotonic())
             for ref in done:
                 actor = closing.pop(ref)
@@ -484,13 +508,19 @@ class RayPool(WorkerPool):
                 except ray.exceptions.RayError:
                     pass  # it died meanwhile: nothing to count
         forced = sorted(i for i in busy_at_close if i not in answered)
-        # 2. End every actor (its process), 3. wait until those of this node are gone.
-        self.end_actors(start + timeout)
+        # 2. End every actor (its process): those that answered exit, those that did not are
+        # busy with a call they will not finish in time, and are killed; 3. wait until those
+        # of this node are gone.
+        silent = {actor.index for actor in closing.values()}
+        self.end_actors(start + timeout, unresponsive=silent)
         return forced
 
-    def end_actors(self, deadline: float) -> None:
-        """Kill every actor now and wait (until ``deadline``) for those on this node to end:
-        :meth:`close`'s last step, and what happens at interpreter exit."""
+    def end_actors(self, deadline: float, unresponsive: Collection[int] = ()) -> None:
+        """End every actor and wait (until ``deadline``) for those on this node to end:
+        :meth:`close`'s last step, and what happens at interpreter exit. The actors of the
+        workers ``unresponsive`` are killed at once (an exit request would wait behind the
+        call they are stuck in); the others are asked to exit first
+        (:func:`splice._remote.end_actors`)."""
         with self._lock:
             self._closed = True
             self.interrupted = True
@@ -501,7 +531,9 @@ class RayPool(WorkerPool):
             self._weights_ref = None
         ACTORS.discard(self)
         local = [a.pid for a in actors if a.local and a.pid is not None]
-        end_actors([a.handle for a in actors], local, deadline)
+        kill = [a.handle for a in actors if a.index in unresponsive]
+        ask = [a.handle for a in actors if a.index not in unresponsive]
+        end_actors(ask, local, deadline, kill_now=kill)
 
 
 def _make(

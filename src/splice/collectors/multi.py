@@ -726,6 +726,7 @@ class MultiAsyncCollector(_MultiCollector):
         part = self._take(i)
         batch = self._keep_remote([i], [part])
         if batch is None:  # copied out before the worker gets its next grant
-            batch = self._copy_out(self._pool.fetch(part).clone())
+            fetched = self._pool.fetch(part)
+            batch = self._copy_out(fetched if self._pool.fresh_batches else fetched.clone())
         self._grant()
         return batch, part.returns

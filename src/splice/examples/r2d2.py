@@ -57,7 +57,7 @@ from splice.layout import MASK, NEXT_OBSERVATION, OBSERVATION, REWARD
 from splice.replay import BURN_IN, LazyTensorStorage, ReplayBuffer, SliceSampler
 from splice.targets import TargetKeys, n_step_return
 
-__all__ = ["AGENTS", "R2D2Config", "TrainResult", "evaluate", "train"]
+__all__ = ["AGENTS", "R2D2Config", "TrainResult", "evaluate", "make_sampler", "train"]
 
 #: Where the learner puts ``reward * reward_scale`` for the targets (with a scale != 1).
 SCALED_REWARD_KEY = ("next", "scaled_reward")
@@ -230,8 +230,17 @@ def make_network(config: R2D2Config, obs_dim: int, n_actions: int) -> RecurrentQ
     return RecurrentQNet(obs_dim, n_actions, config.hidden, config.cell)
 
 
-def make_replay(config: R2D2Config) -> ReplayBuffer:
-    """The replay buffer and sampler of ``config.agent``."""
+def make_sampler(config: R2D2Config) -> tuple[SliceSampler, int]:
+    """The sampler of ``config.agent`` and the steps of one sample (a replay buffer's
+    ``batch_size``): what :func:`make_replay` builds its buffer with, and what a buffer of
+    another kind (e.g. the :class:`~splice.RayReplayBuffer` of tutorial 4) takes to train the
+    same way.
+
+    Examples:
+        >>> sampler, steps = make_sampler(R2D2Config(seq_len=8, batch_size=4))
+        >>> type(sampler).__name__, sampler.slice_len, steps
+        ('SliceSampler', 8, 32)
+    """
     if config.agent == "naive":
         # Each env's raw stream is one "trajectory": windows cross episode ends.
         sampler = SliceSampler(
@@ -240,18 +249,23 @@ def make_replay(config: R2D2Config) -> ReplayBuffer:
             as_sequences=True,
             seed=config.seed,
         )
-        batch = config.batch_size * (config.burn_in + config.seq_len)
-    else:
-        sampler = SliceSampler(
-            slice_len=config.seq_len,
-            burn_in=config.burn_in,
-            strict_length=False,
-            weighting="transition",
-            as_sequences=True,
-            state_keys=[STATE_KEY] if config.agent == "recurrent" else [],
-            seed=config.seed,
-        )
-        batch = config.batch_size * config.seq_len
+        return sampler, config.batch_size * (config.burn_in + config.seq_len)
+    sampler = SliceSampler(
+        slice_len=config.seq_len,
+        burn_in=config.burn_in,
+        strict_length=False,
+        weighting="transition",
+        as_sequences=True,
+        state_keys=[STATE_KEY] if config.agent == "recurrent" else [],
+        seed=config.seed,
+    )
+    return sampler, config.batch_size * config.seq_len
+
+
+def make_replay(config: R2D2Config) -> ReplayBuffer:
+    """The replay buffer of ``config.agent``: ``config.capacity`` steps in memory, sampled by
+    :func:`make_sampler`'s sampler."""
+    sampler, batch = make_sampler(config)
     return ReplayBuffer(
         storage=LazyTensorStorage(config.capacity), sampler=sampler, batch_size=batch
     )
