@@ -10,16 +10,16 @@ the pieces back together, up to a small training run that depends on them.
 
 **In this tutorial you will learn:**
 
-* what a collector chunk holds, and how wrong returns computed chunk by chunk are;
-* how to compute them exactly on assembled episodes with :mod:`splice.targets`;
+* what a collector chunk holds, how wrong returns computed chunk by chunk are, and how
+  :mod:`splice.targets` computes them exactly on assembled episodes;
 * how :func:`~splice.split_trajectories` regroups steps into one row per trajectory,
   padded with a mask or nested, and what each costs;
 * what ``done``, ``terminated``, ``truncated`` and the collector's ``cut`` mean, and what
   to bootstrap from at the last step of a cut trajectory;
 * how ``trajs_per_batch`` yields whole episodes, and how to sample 16-step slices of them
   from a :class:`~splice.ReplayBuffer` with a :class:`~splice.SliceSampler`;
-* how to fill the buffer in the background with :meth:`Collector.start()
-  <splice.Collector.start>` while a value network trains on it.
+* how :meth:`Collector.start() <splice.Collector.start>` fills the buffer in the
+  background while a value network trains on it.
 
 **Prerequisites:** Python and PyTorch basics, gymnasium's ``reset``/``step`` loop and what
 a discounted return is; splice installed as described in :doc:`../getting_started`.
@@ -31,8 +31,8 @@ a discounted return is; splice installed as described in :doc:`../getting_starte
 #
 # Eight CartPole environments step together. CartPole pays 1 per step until the pole
 # falls, and stops an episode after 500 steps (a time limit). Our policy pushes the cart
-# towards the side the pole falls to, but one action in four, at random, goes the other
-# way, so episode lengths vary widely. ``SPLICE_DOCS_BUDGET=small`` (the test suite)
+# towards the side the pole falls to, but one action in four goes the other way at
+# random, so episode lengths vary widely. ``SPLICE_DOCS_BUDGET=small`` (the test suite)
 # builds this page with less data and training than ``full`` (the default).
 
 import itertools
@@ -69,7 +69,7 @@ class table(dict):  # {row: {column: value}}, shown as an HTML table
     def _repr_html_(self):
         cols = list(dict.fromkeys(c for r in self.values() for c in r))
         rows = [["", *cols]] + [[k] + [r.get(c, "-") for c in cols] for k, r in self.items()]
-        cells = ["".join(f"<td>{v:.2f}</td>" if isinstance(v, float) else f"<td>{v}</td>" for v in r) for r in rows]
+        cells = ["".join(f"<td>{v:.2f}</td>" if isinstance(v, float | torch.Tensor) else f"<td>{v}</td>" for v in r) for r in rows]
         return '<table class="splice-table">' + "".join(f"<tr>{c}</tr>" for c in cells) + "</table>"
 def plot_chunk(chunk):
     _, ax = plt.subplots(figsize=(9, 3.4))
@@ -105,8 +105,7 @@ def plot_mask(mask):
     ax.imshow(mask, aspect="auto", cmap="Blues", vmin=-0.3, vmax=1, interpolation="nearest")
     ax.xaxis.set_major_locator(plt.MaxNLocator(integer=True))
     ax.yaxis.set_major_locator(plt.MaxNLocator(integer=True))
-    ax.set(xlabel="step within the piece of trajectory", ylabel="row (a piece)")
-    ax.set_title(f"The mask of split_trajectories(chunk), {list(mask.shape)}: dark = real step")
+    ax.set(xlabel="step within the piece of trajectory", ylabel="row (a piece)", title=f"The mask of split_trajectories(chunk), {list(mask.shape)}: dark = real step")
 def plot_slices(sample, rb, slice_len=16):
     stored = rb["collector", "traj_ids"]  # every stored step, oldest first
     rows = sample["index"].view(-1, slice_len)
@@ -117,15 +116,13 @@ def plot_slices(sample, rb, slice_len=16):
         ax.barh(y, len(episode), color="0.85", height=0.7)
         ax.barh(y, slice_len, left=int(r[0] - episode[0]), color="tab:blue", height=0.7)
     ax.set_yticks(range(len(rows)), [f"slice {y + 1}: episode {names[int(stored[r[0]])]}" for y, r in enumerate(rows)])
-    ax.set(ylim=(len(rows) - 0.5, -0.5), xlabel="step within the episode (grey: the whole episode, blue: the slice)")
-    ax.set_title(f"The {len(rows)} slices of the sample, each on its episode")
+    ax.set(ylim=(len(rows) - 0.5, -0.5), xlabel="step within the episode (grey: the whole episode, blue: the slice)", title=f"The {len(rows)} slices of the sample, each on its episode")
 def plot_values(final):
     _, ax = plt.subplots(figsize=(9, 3.2))
     for (name, pred), color in zip(final.items(), ["C2", "C3"], strict=True):
         ax.hist(pred - eval_return, bins=60, range=(-50, 40), color=color, alpha=0.6, label=name)
     ax.axvline(0, color="black", ls="--", lw=1)
-    ax.set(xlabel="predicted value minus exact return", ylabel="held-out steps")
-    ax.set_title(f"The two critics' errors on the {len(eval_return):,} held-out steps")
+    ax.set(xlabel="predicted value minus exact return", ylabel="held-out steps", title=f"The two critics' errors on the {len(eval_return):,} held-out steps")
     ax.legend(fontsize=8, loc="upper left")
 # fmt: on
 # sphinx_gallery_end_ignore
@@ -139,19 +136,14 @@ def plot_values(final):
 # the chunks of a short run and look at the fourth. Each step holds the observation, the
 # action, and under ``"next"`` what the environment returned: the next observation, the
 # reward and three end flags. ``("collector", "traj_ids")`` names each step's episode,
-# which keeps its id from chunk to chunk. In the figure, each colour is an episode:
-# ``X`` marks the step where the pole fell, ``T`` a time limit, a red bar an episode cut
-# by the chunk's edge, a grey arrow a row that continues an episode from the previous
-# chunk.
+# which keeps its id from chunk to chunk. In the figure, each colour is an episode: ``X``
+# marks where the pole fell, ``T`` a time limit, a red bar an episode cut by the chunk's
+# edge, a grey arrow a row continuing an episode from the previous chunk.
 
 collector = Collector(
-    "CartPole-v1",
-    policy,
-    num_envs=8,
-    frames_per_batch=800,
-    total_frames=TOTAL,
+    "CartPole-v1", policy, num_envs=8, frames_per_batch=800, total_frames=TOTAL,
     seed=0,
-)
+)  # fmt: skip
 chunks = list(collector)
 chunk = chunks[3]
 # sphinx_gallery_start_ignore
@@ -160,9 +152,8 @@ plot_chunk(chunk)
 chunk
 
 # %%
-# Most rows start in the middle of an episode and end in the middle of another: chunks
-# have a fixed shape (the environments advance in lockstep, memory is allocated once,
-# training keeps a steady rhythm), episodes any length.
+# Most rows start and end in the middle of an episode: chunks have a fixed shape (the
+# environments advance in lockstep, memory is allocated once), episodes any length.
 #
 # 2. What goes wrong without assembly
 # -----------------------------------
@@ -185,9 +176,9 @@ def returns_chunk_by_chunk(chunk):
 
 # %%
 # For the exact returns we put the pieces back together: a
-# :class:`~splice.TrajectoryAssembler` takes the chunks in order and returns each episode
-# that ended as one row, padded, with a mask (section 3); the chunk-by-chunk returns
-# travel with the steps. :func:`splice.targets.discounted_return` does the rest.
+# :class:`~splice.TrajectoryAssembler` takes the chunks in order and returns each ended
+# episode as one row, padded, with a mask (section 3), the chunk-by-chunk returns with
+# the steps; :func:`splice.targets.discounted_return` does the rest.
 
 assembler = TrajectoryAssembler()
 for c in chunks:
@@ -227,8 +218,7 @@ table(summary)
 # of the return from the edge on (:math:`\gamma^{50} = 0.36`). Left: the longest
 # episode, whose chunk-by-chunk return drops to 1 at every chunk edge. Value targets
 # (TD(λ), GAE) have the same problem; a chunk avoids it by bootstrapping at its edge
-# (section 4), which :ref:`tutorial 3 <sphx_glr_tutorials_tutorial_3_value_targets.py>`
-# measures in depth.
+# (section 4; :ref:`tutorial 3 <sphx_glr_tutorials_tutorial_3_value_targets.py>`).
 #
 # 3. ``split_trajectories``: padded or nested
 # -------------------------------------------
@@ -249,9 +239,8 @@ pieces.batch_size, real_steps.shape  # the chunk's 800 steps, grouped by traject
 # %%
 # Padding costs memory: every row is as long as the longest. With ``as_nested=True`` each
 # key holds a nested tensor instead, rows of their own length (the ``-1`` in its batch
-# size), with a nested mask. We compare both on all the chunks, where each episode's
-# steps from every chunk make one row (times: the best of five runs, measured when this
-# page was built).
+# size), with a nested mask. We compare both on all the chunks, each episode one row
+# (times: the best of five runs, measured when this page was built).
 
 stacked = torch.cat(chunks)  # all the chunks as rows: [48 or 96, 100]
 
@@ -275,11 +264,9 @@ table(summary)
 
 # %%
 # Nested output takes about the memory of the input, padded output more, the more so as
-# episode lengths vary. But nested output is slower to build, and most
-# computations (recurrent networks, :mod:`splice.targets`) want a regular tensor: compute
-# on padded output; keep or move variable-length episodes as nested output. (Split from
-# chunks, rows keep the collector's marks at chunk edges; ``trajs_per_batch``, section 5,
-# joins the pieces into episodes.)
+# episode lengths vary. But nested output is slower to build, and most computations
+# (recurrent networks, :mod:`splice.targets`) want a regular tensor: compute on padded
+# output; keep or move variable-length episodes as nested output.
 #
 # 4. done, terminated, truncated, and the collector's cut
 # -------------------------------------------------------
@@ -302,33 +289,27 @@ flags = [("next", "terminated"), ("next", "truncated"), ("collector", "cut")]
 
 # %%
 # **The last value of a cut trajectory.** A chunk cannot know the rewards after its edge,
-# but it has the state they start from. The right target at a cut step bootstraps from
-# the value of that state, :math:`r + \gamma V(s')` with :math:`s'` the step's ``("next",
-# "observation")``, as at a time limit; so does an episode still running when collection
-# stops (marked cut, section 5). :mod:`splice.targets` does this when given the values,
-# e.g. ``targets.gae(chunk, value, next_value, gamma=GAMMA, lmbda=0.95)``, and section 7
-# trains a value network that way. The rule: **bootstrap unless terminated**.
+# but it has the state they start from: the target at a cut step bootstraps from its
+# value, :math:`r + \gamma V(s')` with :math:`s'` the step's ``("next", "observation")``,
+# as at a time limit, and so does an episode still running when collection stops (marked
+# cut, section 5). :mod:`splice.targets` does this given the values, e.g.
+# ``targets.gae(chunk, value, next_value, gamma=GAMMA, lmbda=0.95)``; section 7 trains
+# that way. The rule: **bootstrap unless terminated**.
 #
 # 5. Whole episodes with ``trajs_per_batch``
 # ------------------------------------------
 #
-# With ``trajs_per_batch=N`` the collector does the assembly itself: it collects chunks,
-# joins each episode's pieces, and yields ``N`` whole episodes at a time, padded with a
-# mask as in section 3. Each row starts with a reset and ends where the environment
-# ended the episode. When ``total_frames`` is reached, the collector yields the episodes
-# still running in a last output, with any whole episodes left over, and marks each
-# unfinished one ``("collector", "cut")`` on its last step, so that it cannot pass for a
-# whole episode (``drop_incomplete=True`` drops them instead).
+# With ``trajs_per_batch=N`` the collector does the assembly itself: it joins each
+# episode's pieces and yields ``N`` whole episodes at a time, padded with a mask as in
+# section 3, each from a reset to where the environment ended it. When ``total_frames``
+# is reached, a last output holds any whole episodes left over and the episodes still
+# running, each marked ``("collector", "cut")`` on its last step so that it cannot pass
+# for a whole episode (``drop_incomplete=True`` drops them instead).
 
 collector = Collector(
-    "CartPole-v1",
-    policy,
-    num_envs=8,
-    frames_per_batch=800,
-    total_frames=TOTAL,
-    seed=1,
+    "CartPole-v1", policy, num_envs=8, frames_per_batch=800, total_frames=TOTAL, seed=1,
     trajs_per_batch=8,
-)
+)  # fmt: skip
 outputs = list(collector)
 frames_out = sum(int(out["collector", "mask"].sum()) for out in outputs)
 assert frames_out == collector.frames  # nothing collected is lost
@@ -339,9 +320,8 @@ assert frames_out == collector.frames  # nothing collected is lost
 # -------------------------------------------------
 #
 # A sequence model or a multi-step target trained off-policy needs consecutive steps of
-# one episode. We store the episodes above in a :class:`~splice.ReplayBuffer` whose
-# :class:`~splice.SliceSampler` draws slices of 16 steps. ``extend`` takes the padded
-# outputs as they are and drops the padding.
+# one episode. We store the episodes above (``extend`` drops the padding) in a
+# :class:`~splice.ReplayBuffer` whose :class:`~splice.SliceSampler` draws 16-step slices.
 
 rb = ReplayBuffer(
     storage=LazyTensorStorage(frames_out),
@@ -360,36 +340,32 @@ plot_slices(sample, rb)
 new_id_at, torch.nonzero(sample["next", "truncated"][:, 0])[:, 0]  # and truncated at
 
 # %%
-# The sample is flat: four slices of 16 steps, one after the other, each in one episode,
-# so the id changes only where a new slice starts, at 16, 32 or 48 (not when neighbouring
-# slices share an episode). The last step of each slice is marked ``truncated`` (a
-# slice's end is not an episode's end: bootstrap there), its first ``is_init``.
-# ``end_key`` names the flag that ends a trajectory in data without ids; splice's data
-# always has ids, which take precedence. The figure shows each slice on its episode;
+# The sample is flat: four 16-step slices, one after the other, each in one episode, so
+# the id changes only where a new slice starts, at 16, 32 or 48 (unless neighbours share
+# an episode). Each slice's last step is marked ``truncated`` (not an
+# episode's end: bootstrap there), its first ``is_init``. ``end_key`` names the flag that
+# ends a trajectory in data without ids; splice's ids take precedence. In the figure,
 # letters stand for the ids, 13-digit numbers here: each collector draws ids from a range
 # of its own, so two never issue the same id (:doc:`../data_contract`).
 #
 # By default (``weighting="trajectory"``) the sampler picks an episode uniformly, then a
-# position in it: a step of a short episode is sampled more often than one of a long
-# episode. ``weighting="transition"`` draws uniformly among all the slice positions:
-# every step followed by at least 15 steps of its episode is equally likely to start a
-# slice, so all the steps in the middle of episodes are sampled equally often, but an
-# episode's first and last 15 steps lie in fewer slices and are sampled less. With
-# ``strict_length=False`` too, every stored step may start a slice (cut short at its
-# episode's end), and only the first 15 steps of an episode are sampled less.
+# position in it: steps of short episodes are sampled more often. With
+# ``weighting="transition"`` every step followed by at least 15 steps of its episode is
+# equally likely to start a slice, so an episode's first and last 15 steps are sampled
+# less than its middle. With ``strict_length=False`` too, every stored step may start a
+# slice (cut short at its episode's end): only the first 15 steps are sampled less.
 #
 # 7. Collecting in the background while training
 # -----------------------------------------------
 #
 # :meth:`Collector.start() <splice.Collector.start>` runs the collection in a background
 # thread that writes every chunk into a replay buffer while our code samples and trains
-# (a slice may join two chunks of an episode written apart). We train two small value
-# networks (critics) on the same samples, with TD(λ) targets from
+# two small value networks (critics) on the same samples, with TD(λ) targets from
 # :func:`splice.targets.td_lambda_return`. One bootstraps wherever the data stops without
 # a termination, here at each slice's end (section 4); the other takes ``done`` for the
-# terminal flag, so it treats each slice's end as its episode's end: section 2's
-# mistake. Transition weighting without strict length samples the steps just before the
-# pole falls, the only ones whose targets say a state is bad, as often as the others.
+# terminal flag: section 2's mistake. (Transition weighting without strict length samples
+# the steps just before the pole falls, the only ones whose targets say a state is bad,
+# as often as the others.)
 
 terminal_flag = {"bootstraps at slice ends": "terminated", "done as terminal": "done"}
 critics = {
@@ -400,14 +376,9 @@ optimizer = torch.optim.Adam(nn.ModuleList(critics.values()).parameters(), lr=1e
 sampler = SliceSampler(slice_len=16, weighting="transition", strict_length=False)
 rb = ReplayBuffer(storage=LazyTensorStorage(50_000), sampler=sampler, batch_size=256)
 collector = Collector(  # the thread stops by itself after 40 chunks
-    "CartPole-v1",
-    policy,
-    num_envs=8,
-    frames_per_batch=800,
-    total_frames=32_000,
-    seed=2,
+    "CartPole-v1", policy, num_envs=8, frames_per_batch=800, total_frames=32_000, seed=2,
     replay_buffer=rb,
-)
+)  # fmt: skip
 collector.start()
 while len(rb) == 0:  # wait for the first chunk
     time.sleep(0.01)
@@ -428,18 +399,18 @@ for _ in range(200 if SMALL else 500):
 collector.shutdown()
 
 # %%
-# We test both critics on steps they never saw, with exact returns: the whole episodes of
-# section 5 in which the pole fell.
+# We test both critics on steps they never saw, with exact returns: section 5's whole
+# episodes in which the pole fell.
 
 fell = [out[out["next", "terminated"].any(1)[:, 0]] for out in outputs[:-1]]
 held_out = torch.cat([out[out["collector", "mask"]] for out in fell])  # their steps
 eval_return = targets.discounted_return(held_out, gamma=GAMMA)[..., 0]
 with torch.no_grad():
     final = {n: c(held_out["observation"])[:, 0] for n, c in critics.items()}
-summary = {n: {"mean value": p.mean().item()} for n, p in final.items()}
-for name, predicted in final.items():
-    summary[name]["mean error"] = (predicted - eval_return).abs().mean().item()
-summary["exact returns"] = {"mean value": eval_return.mean().item()}
+summary = {"exact returns": {"mean value": eval_return.mean()}}
+for name, p in final.items():
+    mean_error = (p - eval_return).abs().mean()
+    summary[name] = {"mean value": p.mean(), "mean error": mean_error}
 return_of_16_steps = (1 - GAMMA**16) / (1 - GAMMA)
 assert final["done as terminal"].max() < return_of_16_steps
 # sphinx_gallery_start_ignore
@@ -449,22 +420,19 @@ table(summary)
 
 # %%
 # The critic that bootstraps at slice ends learns returns that run past its slices, as
-# far as the episode goes: its mean prediction is close to the mean exact return, and its
-# errors fall on both sides of 0 (one action in four is random, so from one state the
-# rest of an episode may be long or short: no critic predicts each return exactly). The
-# other critic only ever sees rewards up to a slice's end: whatever the state, it
-# predicts what is left of a 16-step slice, never more than the return of 16 steps,
-# :math:`(1-\gamma^{16})/(1-\gamma) = 13.8`, and errs far below 0 on almost every step,
-# however long it trains.
+# far as the episode goes: its mean prediction is close to the mean exact return, its
+# errors on both sides of 0 (one action in four is random, so no critic predicts each
+# return exactly). The other only ever sees rewards up to a slice's end: it never
+# predicts more than the return of 16 steps, :math:`(1-\gamma^{16})/(1-\gamma) = 13.8`,
+# and errs far below 0 on almost every step, however long it trains.
 #
 # Conclusion
 # ----------
 #
 # **We have covered:**
 #
-# * why collectors return fixed-size chunks, which cut most episodes;
-# * the harm, measured: returns computed chunk by chunk are wrong on a large share of a
-#   real run's steps; :mod:`splice.targets` on assembled episodes is exact;
+# * fixed-size chunks cut most episodes: returns computed chunk by chunk are wrong on a
+#   large share of a real run's steps; :mod:`splice.targets` on whole episodes is exact;
 # * :func:`~splice.split_trajectories`, padded with a mask or nested, and their costs;
 # * ``done``, ``terminated``, ``truncated`` and ``cut``: bootstrap unless terminated;
 # * whole episodes from ``trajs_per_batch``, stored in a replay buffer and sampled in
