@@ -649,10 +649,25 @@ def test_interpreter_exit_ends_every_worker(tmp_path):
     assert time.monotonic() - start < 90
 
 
+def slow_counting():
+    """``counting(50)`` whose steps take 20 ms: the surviving worker needs seconds for the rest
+    of the budget, so an async collector's replacement worker delivers part of it too (with
+    instant steps, under load, the survivor could finish the budget while it started)."""
+    env = counting_vec([50])
+    step = env.step
+
+    def slow(action):
+        time.sleep(0.02)
+        return step(action)
+
+    env.step = slow
+    return env
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_restart_workers_replaces_a_killed_worker(kind):
     with kind(
-        counting(50), num_workers=2, frames_per_batch=10, total_frames=200, restart_workers=True
+        slow_counting, num_workers=2, frames_per_batch=10, total_frames=200, restart_workers=True
     ) as c:
         it = iter(c)
         batches = [next(it), next(it)]

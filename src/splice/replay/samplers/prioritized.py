@@ -411,8 +411,6 @@ class PrioritizedSliceSampler(SliceSampler):
         self, count: int, length: int
     ) -> tuple[np.ndarray, np.ndarray | int, np.ndarray, np.ndarray]:
         index = self.index
-        if len(index) == 0:
-            raise self.empty_error()
         total = self._tree.total()
         if total <= 0:
             raise self._no_slice_error(length)

@@ -351,11 +351,10 @@ class SliceSampler(Sampler):
     def _pick(
         self, count: int, length: int
     ) -> tuple[np.ndarray, np.ndarray | int, np.ndarray, np.ndarray]:
-        """``count`` slices: ``(anchor rows, offset of each slice's end before its anchor,
-        steps stored before each end, training length)``."""
+        """``count`` slices (the index is not empty: :meth:`draw` checked): ``(anchor rows,
+        offset of each slice's end before its anchor, steps stored before each end, training
+        length)``."""
         index = self.index
-        if len(index) == 0:
-            raise self.empty_error()
         if self.weighting == "trajectory":
             n = len(self._trajs)
             if n == 0:
@@ -393,6 +392,8 @@ class SliceSampler(Sampler):
     def draw(self, batch_size: int) -> Draw:
         count, length = self.shape_for(batch_size)
         self._ensure(length)
+        if len(self.index) == 0:
+            raise self.empty_error()
         anchor, offset, before, train = self._pick(count, length)
         burn = np.minimum(self.burn_in, before - (train - 1))
         total = burn + train
@@ -565,8 +566,6 @@ class SliceSamplerWithoutReplacement(SliceSampler):
         self, count: int, length: int
     ) -> tuple[np.ndarray, np.ndarray | int, np.ndarray, np.ndarray]:
         index = self.index
-        if len(index) == 0:
-            raise self.empty_error()
         self.ran_out = False
         if self._epoch.finished(count):
             self._new_epoch()
