@@ -145,20 +145,21 @@ class StagedEpisodes:
     def restart(self) -> None:
         """The loop restarts its envs: the episodes in flight never continue (they are
         flushed at the end, marked cut, like any episode still in flight)."""
-        live = self._flight_id >= 0
-        if live.any():
-            rows = np.flatnonzero(live)
-            self._orphans = self._orphans.concat(
-                _Runs(
-                    row=rows,
-                    first=self._flight_first[rows],
-                    length=self._stop[rows] - self._flight_first[rows],
-                    id=self._flight_id[rows],
-                    batch=self._flight_batch[rows],
-                )
-            )
+        self._orphans = self._in_flight()
         self._flight_id[:] = -1
         self._keep()
+
+    def _in_flight(self) -> _Runs:
+        """Every incomplete episode: those orphaned by a restart, then the rows' episodes in
+        flight (so far)."""
+        rows = np.flatnonzero(self._flight_id >= 0)
+        if rows.size == 0:
+            return self._orphans
+        first = self._flight_first[rows]
+        flight = _Runs(
+            rows, first, self._stop[rows] - first, self._flight_id[rows], self._flight_batch[rows]
+        )
+        return self._orphans.concat(flight)
 
     def __len__(self) -> int:
         """Complete episodes ready to :meth:`emit`."""
@@ -272,16 +273,7 @@ class StagedEpisodes:
         flight, marked cut on their last step, in order of their first step. Afterwards the
         store is empty and the loop must restart (:attr:`drained`)."""
         check_traj_format(traj_format)
-        live = np.flatnonzero(self._flight_id >= 0)
-        flight = self._orphans.concat(
-            _Runs(
-                row=live,
-                first=self._flight_first[live],
-                length=self._stop[live] - self._flight_first[live],
-                id=self._flight_id[live],
-                batch=self._flight_batch[live],
-            )
-        )
+        flight = self._in_flight()
         flight = flight.select(np.lexsort((flight.row, flight.batch)))
         complete = self._complete
         dropped_trajs = dropped_frames = 0
