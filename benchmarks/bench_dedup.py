@@ -30,6 +30,7 @@ from tensordict import TensorDict, TensorDictBase
 
 import splice
 from benchmarks._harness import interleaved, parser, ratio, table
+from benchmarks.bench_replay import RawStore
 from splice.replay import LazyTensorStorage, ReplayBuffer, SliceSampler
 from splice.testing import ENV_ZOO, SyntheticStream
 
@@ -97,43 +98,6 @@ def torchrl_buffer(capacity: int):
     )
 
 
-class RawStore:
-    """The raw limit: both columns preallocated, bare slice copies, bare gathers of slices
-    whose starts were computed once."""
-
-    def __init__(self, capacity: int, like: TensorDictBase) -> None:
-        flat = like.reshape(-1)
-        self.cols = {
-            k: torch.empty(capacity, *v.shape[1:], dtype=v.dtype)
-            for k, v in flat.items(include_nested=True, leaves_only=True)
-        }
-        self.capacity, self.cursor = capacity, 0
-        self.ids = torch.empty(capacity, dtype=torch.int64)
-        self.gen = torch.Generator().manual_seed(0)
-        self.starts = torch.empty(0, dtype=torch.int64)
-
-    def extend(self, chunk: TensorDictBase) -> None:
-        flat = chunk.reshape(-1)
-        n = flat.shape[0]
-        for k, v in flat.items(include_nested=True, leaves_only=True):
-            self.cols[k][self.cursor : self.cursor + n].copy_(v)
-        self.cursor = (self.cursor + n) % self.capacity
-
-    def precompute_starts(self) -> None:
-        ids = self.cols[("collector", "traj_ids")]
-        same = ids[SLICE_LEN - 1 :] == ids[: -(SLICE_LEN - 1)]
-        self.starts = same.nonzero().squeeze(1)
-
-    def gather(self) -> dict:
-        pick = torch.randint(self.starts.numel(), (SLICES,), generator=self.gen)
-        idx = (self.starts[pick][:, None] + torch.arange(SLICE_LEN)).reshape(-1)
-        return {k: v.index_select(0, idx) for k, v in self.cols.items()}
-
-    @property
-    def nbytes(self) -> int:
-        return sum(v.numel() * v.element_size() for v in self.cols.values())
-
-
 def torchrl_nbytes(rb) -> int:
     stored = rb.storage._storage  # TorchRL keeps its columns in one TensorDict
     return sum(v.numel() * v.element_size() for v in stored.values(True, True))
@@ -151,7 +115,7 @@ def bench_stream(capacity: int, rounds: int) -> list[list[object]]:
         "splice, stored once": lambda: splice_buffer(capacity, True),
         "splice, both stored": lambda: splice_buffer(capacity, False),
         "TorchRL LazyTensorStorage": lambda: torchrl_buffer(capacity),
-        "raw slice copy / gather": lambda: RawStore(capacity, chunks[0]),
+        "raw slice copy / gather": lambda: RawStore(capacity, chunks[0].reshape(-1)),
     }
     filled: dict[str, object] = {}
 
@@ -159,7 +123,7 @@ def bench_stream(capacity: int, rounds: int) -> list[list[object]]:
         def fill() -> None:
             filled.pop(name, None)  # free the previous round's buffer first
             rb = makers[name]()
-            flat = name.startswith("TorchRL")  # TorchRL stores a [B, T] batch as B rows
+            flat = not name.startswith("splice")  # TorchRL and the raw store: [B, T] as B*T rows
             for chunk in chunks:
                 rb.extend(chunk.reshape(-1) if flat else chunk)
             filled[name] = rb
@@ -169,7 +133,7 @@ def bench_stream(capacity: int, rounds: int) -> list[list[object]]:
     extend = interleaved({name: filler(name) for name in makers}, rounds=rounds, warmup=0)
     raw = filled["raw slice copy / gather"]
     assert isinstance(raw, RawStore)
-    raw.precompute_starts()
+    raw.precompute_starts(raw.cols[("collector", "traj_ids")])
     samplers: dict[str, Callable[[], object]] = {
         name: (lambda rb=rb: [rb.sample() for _ in range(5)])
         for name, rb in filled.items()
@@ -181,7 +145,7 @@ def bench_stream(capacity: int, rounds: int) -> list[list[object]]:
         "splice, stored once": filled["splice, stored once"].storage.nbytes,  # type: ignore[attr-defined]
         "splice, both stored": filled["splice, both stored"].storage.nbytes,  # type: ignore[attr-defined]
         "TorchRL LazyTensorStorage": torchrl_nbytes(filled["TorchRL LazyTensorStorage"]),
-        "raw slice copy / gather": raw.nbytes,
+        "raw slice copy / gather": sum(v.numel() * v.element_size() for v in raw.cols.values()),
     }
     once = filled["splice, stored once"]
     both = filled["splice, both stored"]
