@@ -410,6 +410,24 @@ class CollectorBase(ABC):
 
         Raises:
             RuntimeError: no ``replay_buffer``, already started, or shut down.
+
+        Examples:
+            >>> import time
+            >>> import gymnasium as gym
+            >>> from splice import Collector, LazyTensorStorage, ReplayBuffer
+            >>> rb = ReplayBuffer(storage=LazyTensorStorage(1_000))
+            >>> collector = Collector(
+            ...     gym.make("CartPole-v1"), frames_per_batch=50, total_frames=500, replay_buffer=rb
+            ... )
+            >>> collector.start(gate=lambda: len(rb) < 200)  # a learner would open it as it goes
+            >>> while len(rb) < 200:
+            ...     time.sleep(0.01)
+            >>> time.sleep(0.05)
+            >>> len(rb)  # the gate holds the thread: no batch past 200 steps
+            200
+            >>> collector.shutdown()
+            >>> collector.running
+            False
         """
         if self.replay_buffer is None:
             raise RuntimeError(
