@@ -90,7 +90,8 @@ def test_worker_killed_during_a_step_is_named():
         next(it)
     timer.join()
     assert time.monotonic() - started < 10
-    assert isinstance(info.value.__cause__, EOFError)  # gymnasium's bare pipe error
+    # gymnasium's bare pipe error: EOF, or a reset connection if the worker died mid-write
+    assert isinstance(info.value.__cause__, (EOFError, ConnectionError))
     assert_all_ended(env)
     c.shutdown()
     c.shutdown()
