@@ -2,8 +2,9 @@
 and the env is closed with every other worker ended.
 
 When a worker process dies (killed, out of memory, a crash in native code), gymnasium raises a
-bare ``EOFError``, ``BrokenPipeError`` or ``ConnectionResetError`` from its pipe, leaves the env open (``closed`` False)
-with the other workers running, and a later ``close()`` raises the same pipe error.
+bare ``EOFError``, ``BrokenPipeError`` or ``ConnectionResetError`` from its pipe, leaves the env
+open (``closed`` False) with the other workers running, and a later ``close()`` raises the same
+pipe error.
 :class:`WorkerWatch` wraps such an env (:func:`~splice.envs.make_adapter` does it): on a pipe
 error it looks for the dead worker, ends the others, closes the env and raises
 :class:`EnvWorkerError` naming the worker, its pid and how it ended (the pipe error is the
