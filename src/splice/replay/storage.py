@@ -334,7 +334,7 @@ class Storage:
         """The given rows of every tensor key, in schema order (``rows``: int64 on the CPU,
         values in range, rows holding data)."""
         on_device = rows.to(self.device) if self.device.type != "cpu" else rows
-        plain = take_rows_of(self.columns, on_device)
+        plain = take_rows_of(self.columns, on_device, self._views)
         if not self.shared or self.schema is None:
             return plain
         out: Columns = {}

@@ -61,9 +61,11 @@ def _live_updates(
             f"index out of range for a storage of {index.capacity} rows (-1 is padding)"
         )
     keep = rows >= 0
-    rows, priority = rows[keep], priority[keep]
+    if not keep.all():  # (the masks copy: skipped in the common case, nothing to drop)
+        rows, priority = rows[keep], priority[keep]
     keep = index.row_slot[rows] >= 0
-    rows, priority = rows[keep], priority[keep]
+    if not keep.all():
+        rows, priority = rows[keep], priority[keep]
     return last_of_each(rows, priority)
 
 
@@ -170,11 +172,11 @@ class PrioritizedSampler(Sampler):
     def draw(self, batch_size: int) -> Draw:
         if len(self.index) == 0:
             raise self.empty_error()
-        total = self._tree.total()
-        if total <= 0:
+        if self._tree.total() <= 0:
             raise RuntimeError("every stored step has priority 0: nothing can be drawn")
-        rows = self._tree.find(self.random(batch_size) * total)
-        weight = self._tree.get(rows) / self._tree.min()
+        rows = self._tree.sample(batch_size, self.random)
+        weight = self._tree.get(rows)
+        weight /= self._tree.min()
         return Draw(rows=rows, weight=np.power(weight, -self.beta, out=weight))
 
     def update_priority(self, rows: np.ndarray, priority: np.ndarray) -> None:
@@ -195,9 +197,11 @@ class PrioritizedSampler(Sampler):
             return
         with np.errstate(over="ignore"):
             value = self._value(priority)
-        check_weights(priority, value, weight_limit(self.index.capacity))
+        limit = weight_limit(self.index.capacity)
+        if not value.max() <= limit:  # (one call when all is well; NaN fails it too)
+            check_weights(priority, value, limit)
         self.max_priority = max(self.max_priority, float(priority.max()))
-        self._tree.set(rows, value)
+        self._tree.set(rows, value, unique=True)  # (sorted without repeats above)
 
     def priority(self, rows: np.ndarray) -> np.ndarray:
         """The stored (transformed) priorities ``(p + eps) ** alpha`` at ``rows``."""
