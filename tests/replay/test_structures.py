@@ -4,6 +4,7 @@ against plain-numpy references (hypothesis)."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -126,3 +127,81 @@ def test_a_sum_tree_is_the_same_however_its_leaves_were_set(n: int, updates, see
     assert np.array_equal(tree.prefix[0], np.cumsum(leaves, axis=1))
     mass = rng.uniform(0, tree.total(), 2000)
     assert np.array_equal(tree.find(mass), again.find(mass))
+
+
+class AlwaysRejection(SumTree):
+    """Draws the top node by rejection whatever the acceptance."""
+
+    MIN_ACCEPTANCE = 0.0
+
+
+class NeverRejection(SumTree):
+    """Always inverts the running sum (the fallback of a low acceptance)."""
+
+    MIN_ACCEPTANCE = 2.0
+
+
+class SmallTopRejection(SmallTopTree):
+    MIN_ACCEPTANCE = 0.0
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    weights=st.lists(
+        st.one_of(st.just(0.0), st.floats(1e-3, 1e3)), min_size=1, max_size=3000
+    ).filter(lambda w: sum(w) > 0),
+    kind=st.sampled_from([AlwaysRejection, NeverRejection, SmallTopRejection, SumTree]),
+    k=st.integers(1, 600),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_sum_tree_sample_finds_positive_leaves_only(
+    weights: list[float], kind: type[SumTree], k: int, seed: int
+) -> None:
+    rng = np.random.default_rng(seed)
+    w = np.array(weights)
+    tree = kind(w.size)
+    tree.set(np.arange(w.size), w)
+    leaves = tree.sample(k, rng.random)
+    assert leaves.shape == (k,) and leaves.dtype == np.int64
+    assert (w[leaves] > 0).all()  # in range, and zero-weight leaves are never drawn
+
+
+@pytest.mark.parametrize("kind", [AlwaysRejection, NeverRejection, SmallTopRejection])
+def test_sum_tree_sample_counts_follow_the_weights(kind: type[SumTree]) -> None:
+    """Chi-square of 200,000 draws from 2,000 leaves (one in ten of weight 0, weights over
+    three decades, a heavy block) against ``weight / total``, for the rejection draw (flat
+    and multi-level tree) and the inverse of the running sum."""
+    rng = np.random.default_rng(1)
+    w = 10.0 ** rng.uniform(-1, 2, 2000)
+    w[rng.random(2000) < 0.1] = 0.0
+    w[64:96] *= 20  # one top node far heavier than the rest: acceptance well below 1
+    tree = kind(w.size)
+    tree.set(np.arange(w.size), w)
+    counts = np.bincount(tree.sample(200_000, rng.random), minlength=w.size)
+    assert counts[w == 0].sum() == 0
+    live = w > 0
+    expected = w[live] / w.sum() * 200_000
+    stat = float(((counts[live] - expected) ** 2 / expected).sum())
+    df = int(live.sum()) - 1
+    c = 2 / (9 * df)  # Wilson-Hilferty chi-square quantile, upper tail 1e-4
+    assert stat < df * (1 - c + 3.719 * c**0.5) ** 3, stat
+
+
+def test_sum_tree_sample_draws_again_for_rejected_candidates() -> None:
+    """A round whose candidates are all rejected (they all land on the empty first block)
+    is followed by another; the kept leaves come in candidate order."""
+    tree = AlwaysRejection(64)
+    tree.set(np.arange(32, 64), np.ones(32))  # block 0 empty, block 1 full
+    rounds = [np.zeros(30), np.array([0.5, 0.99, 0.1, 0.75] + [0.6] * 30)]
+    calls: list[int] = []
+
+    def random(n: int) -> np.ndarray:
+        calls.append(n)
+        u = rounds[len(calls) - 1]
+        return np.resize(u, n)  # (the first round: all zeros; the second: as given)
+
+    leaves = tree.sample(3, random)
+    assert len(calls) == 2
+    # u = 0.5: node 1, level 0 -> leaf 32; u = 0.99: node 1, level 0.98 -> leaf 63;
+    # u = 0.1: node 0 (empty), rejected; u = 0.75: node 1, level 0.5 -> leaf 48.
+    assert leaves.tolist() == [32, 63, 48]

@@ -498,22 +498,26 @@ class SumTree:
         np.minimum(node, self._last, out=node)  # a mass rounded up to the total
         rest = sorted_mass - self._before.take(node)  # the mass left inside the node (>= 0)
         out = np.empty_like(node)
-        out[order] = self._descend(node, rest)
+        out[order] = self._descend(node, rest, inside=False)
         return out
 
     def sample(self, k: int, random: Callable[[int], np.ndarray]) -> np.ndarray:
         """``k`` leaves drawn independently, each with probability ``weight / total``.
 
-        ``random(n)``: ``n`` uniform numbers in ``[0, 1)`` (the caller's generator). When
-        the top nodes' weights are within a few times of each other (``total`` is at least
-        ``MIN_ACCEPTANCE`` of ``top nodes * heaviest``), the top node comes by rejection: a
-        node picked uniformly among the top nodes up to the last positive one is kept if a
-        uniform level in ``[0, heaviest)`` falls below its weight, which picks each in
-        proportion to its weight, and leaves the kept level uniform in ``[0, weight)``: the
-        mass inside the node to descend with. That is a few whole-array calls over the
-        candidates, with no search of the top's running sum (and no sort). Otherwise: the
-        inverse of the running sum (:meth:`find`). Both draw exactly in proportion to the
-        weights; they use the random numbers differently.
+        ``random(n)``: ``n`` uniform float64 numbers in ``[0, 1)`` (the caller's generator).
+        When the top nodes' weights are within a few times of each other (``total`` is at
+        least ``MIN_ACCEPTANCE`` of ``top nodes * heaviest``, counting the top nodes up to
+        the last positive one), the top node comes by rejection: each uniform ``u`` times
+        the number of top nodes gives a candidate node (its integer part) and a level in
+        ``[0, heaviest)`` (its fraction times the heaviest weight); a candidate is kept if
+        its level falls below its weight. That picks each top node in proportion to its
+        weight and leaves the kept level uniform in ``[0, weight)``: the mass inside the
+        node to descend with. It costs a few whole-array calls over the candidates, with
+        no search of the top's running sum and no sort. (The level keeps the bits of ``u``
+        that the node did not use: with N top nodes, steps of ``2**-53 * N * heaviest``,
+        within ``1 / MIN_ACCEPTANCE`` of the inverse CDF's steps of ``2**-53 * total``.)
+        Otherwise the inverse of the running sum (:meth:`find`). Both draw in proportion to
+        the weights; they use the random numbers differently.
         """
         cum = self._running()
         live = self._last + 1
@@ -527,29 +531,32 @@ class SumTree:
         missing = k
         while missing:
             # Enough candidates that one round almost always suffices.
-            m = int(missing / acceptance * 1.1) + 16
-            u = random(2 * m)
-            node = (u[:m] * live).astype(I64)  # u < 1 - 2**-53: below ``live``
-            level = u[m:]
+            level = random(int(missing / acceptance * 1.1) + 16)
+            level *= live
+            node = level.astype(I64)  # u < 1 - 2**-53: below ``live``
+            level -= node
             level *= self._peak
             kept = np.flatnonzero(level < self.top.take(node))[:missing]
             nodes.append(node.take(kept))
             levels.append(level.take(kept))
             missing -= kept.size
         if len(nodes) == 1:
-            return self._descend(nodes[0], levels[0])
-        return self._descend(np.concatenate(nodes), np.concatenate(levels))
+            return self._descend(nodes[0], levels[0], inside=True)
+        return self._descend(np.concatenate(nodes), np.concatenate(levels), inside=True)
 
-    def _descend(self, node: np.ndarray, rest: np.ndarray) -> np.ndarray:
-        """From top nodes and the mass inside each (``0 <= rest < weight``, up to
-        rounding) down to the leaves. Changes ``node`` and ``rest`` in place."""
+    def _descend(self, node: np.ndarray, rest: np.ndarray, *, inside: bool) -> np.ndarray:
+        """From top nodes and the mass inside each (``0 <= rest``, below the node's weight
+        up to rounding; strictly below it if ``inside``) down to the leaves. Changes
+        ``node`` and ``rest`` in place."""
         F = self.FANOUT
         for depth in range(len(self.prefix) - 1, -1, -1):
             rows = self.prefix[depth].take(node, axis=0)
             # The running sums rise along a row: the first one above ``rest`` is the one
             # after those at or below it (a positive child: its running sum rose past it).
             child = _count_per_row(rows <= rest[:, None])
-            if child.max() == F:  # rounding left ``rest`` at or past the block's sum
+            # Rounding may leave ``rest`` at or past the block's sum (not below a top node
+            # of ``inside``: a block's last running sum is its weight in the level above).
+            if not (inside and depth == len(self.prefix) - 1) and child.max() == F:
                 _keep_inside(rows, rest, child)
             if depth:  # what is left for the level below (not needed at the leaves)
                 below = rows.reshape(-1).take(self._row_starts(node.size) + child - 1)
