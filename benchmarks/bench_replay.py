@@ -367,7 +367,12 @@ def bench_prioritized(capacity: int, chunks: list[TensorDict], rounds: int) -> l
     update of 512 priorities, and the two in turn (a PER training step: every draw then
     follows a change of the tree). Raw limits of ``sample()``: splice's draw followed by a
     bare ``np.take`` of every stored column at the drawn rows (no buffer, no TensorDict),
-    and that bare gather alone at 512 random rows."""
+    and that bare gather alone at 512 random rows.
+
+    The priorities are uniform in [0.01, 1.01): splice's sum tree then draws its top node by
+    rejection (see ``SumTree.sample``). The last rows repeat the draw and ``sample()`` with
+    heavy-tailed priorities (log-normal, sigma 3), where it searches the running sum of the
+    top instead."""
     from torchrl.data import LazyTensorStorage as TLazy
     from torchrl.data import TensorDictReplayBuffer
     from torchrl.data.replay_buffers.samplers import PrioritizedSampler as TPrioritized
@@ -434,6 +439,21 @@ def bench_prioritized(capacity: int, chunks: list[TensorDict], rounds: int) -> l
         ("raw: bare gather of 512 rows", "raw: bare gather"),
     ):
         out.append([what, f"{per[key] * 1e3:.3f} ms", "—", ratio(theirs_sample, per[key])])
+    heavy = torch.exp(3.0 * torch.randn(capacity, generator=gen))
+    for rb in (mine, theirs):
+        rb.update_priority(torch.arange(capacity), heavy)
+    t = interleaved(
+        {k: contenders[k] for k in ("draw: splice", "draw: TorchRL")}
+        | {k: contenders[k] for k in ("sample(): splice", "sample(): TorchRL")},
+        rounds=rounds,
+        warmup=1,
+        clock=CLOCK[0],
+    )
+    per = {k: v.median / reps for k, v in t.items()}
+    for what in ("draw", "sample()"):
+        a, b = per[f"{what}: splice"], per[f"{what}: TorchRL"]
+        row = f"{what}, log-normal priorities (tree search)"
+        out.append([row, f"{a * 1e3:.3f} ms", f"{b * 1e3:.3f} ms", ratio(b, a)])
     return out
 
 

@@ -52,6 +52,7 @@ def test_bench_replay_quick() -> None:
     if not any("PrioritizedSampler is unavailable" in line for line in lines):
         assert any(line.startswith("| sample() ") for line in lines)
         assert any(line.startswith("| raw: splice's draw + bare gather") for line in lines)
+        assert any(line.startswith("| sample(), log-normal priorities") for line in lines)
 
 
 def test_bench_envs_quick() -> None:

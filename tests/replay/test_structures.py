@@ -205,3 +205,10 @@ def test_sum_tree_sample_draws_again_for_rejected_candidates() -> None:
     # u = 0.5: node 1, level 0 -> leaf 32; u = 0.99: node 1, level 0.98 -> leaf 63;
     # u = 0.1: node 0 (empty), rejected; u = 0.75: node 1, level 0.5 -> leaf 48.
     assert leaves.tolist() == [32, 63, 48]
+
+
+def test_sum_tree_sample_refuses_an_all_zero_tree() -> None:
+    tree = SumTree(40)
+    tree.set(np.array([3]), np.array([0.0]))
+    with pytest.raises(ValueError, match="every weight is 0"):
+        tree.sample(4, np.random.default_rng(0).random)

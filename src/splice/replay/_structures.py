@@ -370,21 +370,19 @@ class DenseSet:
 
 
 class SumTree:
-    """Non-negative float64 weights, their sum, minimum and batched prefix-sum search.
+    """Non-negative float64 weights, their sum, minimum and batched proportional draws.
 
-    Built for prioritised sampling: :meth:`find` maps uniform masses in ``[0, total)`` to
-    leaves in proportion to their weight. Leaves are grouped in blocks of ``FANOUT``; each
-    block keeps the running sums of its children (``prefix``), and the block sums are the
-    weights of the level above, until a level has at most ``TOP`` blocks (a million leaves
-    make one level of 31,250 blocks). A search ``np.searchsorted``s its masses (sorted, so
-    that memory is walked in order) into the running sum of the top (recomputed only after
-    a change, O(``TOP``)), then, per level, gathers each query's block as one row (a 0, then
-    the block's running sums) and finds the child whose span holds what is left of the query
-    with one batched ``torch.searchsorted`` over all the rows at once; the row's entry before
-    that child is what the query leaves for the level below. So a search is a dozen
-    whole-array calls per level, whatever the number of queries, and no Python loop over
-    them. The leaves come back in the order of the masses. Zero-weight leaves are never
-    found.
+    Built for prioritised sampling: :meth:`sample` draws leaves in proportion to their
+    weight, :meth:`find` maps given uniform masses in ``[0, total)`` to leaves. Leaves are
+    grouped in blocks of ``FANOUT``; each block keeps the running sums of its children
+    (``prefix``), and the block sums are the weights of the level above, until a level has
+    at most ``TOP`` blocks (a million leaves make one level of 31,250 blocks). A draw picks
+    top nodes (by rejection when their weights are close, else by searching the running sum
+    of the top: see :meth:`sample`), then, per level, gathers each query's block of running
+    sums as one row and picks the first child whose running sum exceeds what is left of the
+    query (the number of running sums at or below it, counted bytewise: see
+    :func:`_count_per_row`): a handful of whole-array numpy calls per level, no Python loop
+    over queries. Zero-weight leaves are never drawn.
 
     :meth:`set` recomputes the running sums (and positive minima) of the changed blocks at
     every level: O(k * FANOUT) per level for k leaves. A block's running sums depend on its
@@ -401,6 +399,9 @@ class SumTree:
         (4.0, 1.0)
         >>> t.find(np.array([0.5, 1.5, 3.9])).tolist()
         [3, 30, 30]
+        >>> draws = t.sample(1000, np.random.default_rng(0).random)
+        >>> sorted(set(draws.tolist())), bool(0.2 < np.mean(draws == 3) < 0.3)
+        ([3, 30], True)
     """
 
     FANOUT = 32
@@ -490,7 +491,13 @@ class SumTree:
         return self._min
 
     def find(self, mass: np.ndarray) -> np.ndarray:
-        """For each mass ``u`` in ``[0, total)``: the leaf where the running sum passes ``u``."""
+        """For each mass ``u`` in ``[0, total)``: the leaf where the running sum passes ``u``.
+
+        The masses are sorted (so that memory is walked in order) and ``np.searchsorted``
+        into the running sum of the top (recomputed only after a change, O(``TOP``)); the
+        mass before a top node is read exactly from that running sum. The leaves come back
+        in the order of the masses.
+        """
         order = np.argsort(mass)
         sorted_mass = mass[order]
         cum = self._running()
@@ -518,8 +525,13 @@ class SumTree:
         within ``1 / MIN_ACCEPTANCE`` of the inverse CDF's steps of ``2**-53 * total``.)
         Otherwise the inverse of the running sum (:meth:`find`). Both draw in proportion to
         the weights; they use the random numbers differently.
+
+        Raises:
+            ValueError: every weight is 0.
         """
         cum = self._running()
+        if not cum[-1] > 0:
+            raise ValueError("every weight is 0: nothing to draw")
         live = self._last + 1
         if self._peak is None:
             self._peak = float(self.top[:live].max())

@@ -89,7 +89,13 @@ class PrioritizedSampler(Sampler):
 
     Draws and updates go through a sum tree (``SumTree``: blocks of 32 rows under a top of
     block sums) over the storage rows, in whole-array numpy calls: O(batch) per draw plus,
-    after a change, one running sum over the top (31,250 numbers for a million rows).
+    after a change, the largest block sum and one running sum over the top (31,250 numbers
+    for a million rows). When the block sums are within a few times of each other (the
+    buffer's priorities are not heavy-tailed), a draw picks blocks by rejection (a block
+    drawn uniformly, kept with probability its sum over the largest) and no search of the
+    running sum is needed; otherwise it inverts the running sum. Both are exact: a row is
+    drawn with probability ``(p + eps) ** alpha / sum`` either way, from the sampler's
+    generator (the two use its numbers differently).
 
     A priority whose weight ``(p + eps) ** alpha`` exceeds ``float_max / (2 * capacity)`` (so
     that the weights of the whole buffer could not sum to a finite number) is refused with a
