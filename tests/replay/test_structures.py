@@ -17,11 +17,15 @@ class SmallTopTree(SumTree):
     TOP = 2
 
 
+#: Leaf weights for the sum tree tests: zeros among weights over six decades.
+WEIGHTS = st.lists(st.one_of(st.just(0.0), st.floats(1e-3, 1e3)), min_size=1, max_size=3000).filter(
+    lambda w: sum(w) > 0
+)
+
+
 @settings(max_examples=120, deadline=None)
 @given(
-    weights=st.lists(
-        st.one_of(st.just(0.0), st.floats(1e-3, 1e3)), min_size=1, max_size=3000
-    ).filter(lambda w: sum(w) > 0),
+    weights=WEIGHTS,
     small_top=st.booleans(),
     seed=st.integers(0, 2**31 - 1),
     updates=st.integers(0, 3),
@@ -147,9 +151,7 @@ class SmallTopRejection(SmallTopTree):
 
 @settings(max_examples=100, deadline=None)
 @given(
-    weights=st.lists(
-        st.one_of(st.just(0.0), st.floats(1e-3, 1e3)), min_size=1, max_size=3000
-    ).filter(lambda w: sum(w) > 0),
+    weights=WEIGHTS,
     kind=st.sampled_from([AlwaysRejection, NeverRejection, SmallTopRejection, SumTree]),
     k=st.integers(1, 600),
     seed=st.integers(0, 2**31 - 1),
