@@ -25,6 +25,7 @@ import torch
 from tensordict import TensorDict
 from tensordict.utils import NestedKey
 
+from splice._rng import seed_from_torch
 from splice.collectors._episodes import BatchLabeller, EpisodeStats, TimeLimit
 from splice.collectors._policy_step import PolicyStep
 from splice.collectors._settings import positive_int
@@ -156,7 +157,7 @@ class RolloutLoop:
     def _start(self) -> None:
         adapter = self.adapter
         self._reset_all(self._seed)
-        adapter.seed_actions(self._seed)
+        adapter.seed_actions(seed_from_torch() if self._seed is None else self._seed)
         self._seed = None  # only the very first reset is seeded; later ones continue the RNG
         self.staging.add_info(adapter.info_leaves)  # known from the first reset on
         if self._policy is not None and self.policy_step is None:
