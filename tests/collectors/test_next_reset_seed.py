@@ -75,6 +75,16 @@ def test_random_actions_without_a_seed_follow_torchs_global_rng() -> None:
     other = c.next()
     c.shutdown()
     assert other is not None and not torch.equal(other["action"], a[0])
+    # A collector that never acts at random leaves the global RNG alone.
+    state = torch.get_rng_state()
+    c = Collector(
+        counting_vec([50]),
+        lambda td: td.set("action", torch.zeros(1, dtype=torch.long)),
+        frames_per_batch=20,
+    )
+    assert c.next() is not None
+    c.shutdown()
+    assert torch.equal(torch.get_rng_state(), state)
 
 
 def test_reset_and_set_seed_refuse_while_collecting_in_the_background() -> None:
