@@ -13,9 +13,13 @@ by workers while the learner samples. Everything in one process run, ratios side
 * worker start-up: the first start (the fork server imports splice/torch once) and later ones;
 * Ray: the ``"ray"`` backend (each worker a Ray actor, batches through Ray's object store) vs
   the ``"process"`` backend on the same 1,000-frame batches of cheap CartPole, 2 workers: the
-  time per batch of each, the difference (the Ray backend's per-batch overhead) and the ratio.
-  A local Ray instance (``ray.init(num_cpus=2)``) is started for it and shut down after
-  (``--quick``: the sync collectors only).
+  time per batch of each, the difference (the Ray backend's per-batch overhead) and the ratio,
+  and the raw limit: the same number of actor calls per batch (one per worker for a sync
+  batch, one for an async one) to actors that return a fixed batch-sized reply. CPU time is
+  read per thread to the nanosecond there (the 10-ms ticks of the other sections would make
+  one round's figure uncertain by about +-1.5 ms per batch), and the overhead is the median
+  of each round's difference. A local Ray instance (``ray.init(num_cpus=2)``) is started for
+  it and shut down after (``--quick``: the sync collectors only).
 
 Contenders are timed round-robin (a pause before each lets an async collector's batches in
 flight finish, so they never run during another contender's timing); medians are printed.
@@ -440,6 +444,39 @@ RAY_FRAMES_PER_BATCH = 1000
 
 
 RAY_ROUNDS = 10
+#: Bytes of a worker's reply per frame of cheap CartPole (29,262 bytes for a 500-frame part).
+RAY_REPLY_BYTES_PER_FRAME = 59
+
+
+class FixedReply:
+    """A Ray actor body answering every call with the same bytes: the raw limit of the Ray
+    backend, an actor call that returns a batch-sized reply (no env, no policy, no packing)."""
+
+    def __init__(self, size: int) -> None:
+        self.reply = bytes(size)
+
+    def collect_next(self) -> bytes:
+        return self.reply
+
+
+class RayCalls:
+    """A contender that makes, per batch, the actor calls the Ray backend makes (one per
+    worker for a sync batch, one for an async one) to :class:`FixedReply` actors."""
+
+    def __init__(self, actors: list[Any], calls_per_batch: int, batches: int) -> None:
+        self.actors, self.calls, self.batches = actors, calls_per_batch, batches
+        self.turn = 0
+
+    def __call__(self) -> int:
+        import ray
+
+        for _ in range(self.batches):
+            refs = []
+            for _ in range(self.calls):
+                refs.append(self.actors[self.turn % len(self.actors)].collect_next.remote())
+                self.turn += 1
+            ray.get(refs)
+        return self.batches * RAY_FRAMES_PER_BATCH
 
 
 def bench_ray(quick: bool) -> list[list[str]]:
@@ -474,11 +511,19 @@ def bench_ray(quick: bool) -> list[list[str]]:
                     backend=backend,
                     backend_options=options,
                 )
+        contenders: dict[str, Callable[[], int]] = {}
+        for name, c in collectors.items():
+            kind = name.split()[0]
+            ahead = WORKERS if kind == "async" else 0
+            contenders[name] = Batches(c, fpb * batches, ahead=ahead)
+            if name.endswith("ray"):  # the raw limit: Ray's calls alone, as many per batch
+                calls = WORKERS if kind == "sync" else 1
+                size = RAY_REPLY_BYTES_PER_FRAME * fpb // calls
+                actors = [ray.remote(num_cpus=0)(FixedReply).remote(size) for _ in range(WORKERS)]
+                ray.get([actor.collect_next.remote() for actor in actors])
+                contenders[f"{kind} calls"] = RayCalls(actors, calls, batches)
         timings = timed_rounds(
-            {
-                name: Batches(c, fpb * batches, ahead=WORKERS if name.startswith("async") else 0)
-                for name, c in collectors.items()
-            },
+            contenders,
             rounds=1 if quick else RAY_ROUNDS,
             settle=0.3,
             cpu_clock=tree_cpu_seconds_precise,
@@ -492,6 +537,7 @@ def bench_ray(quick: bool) -> list[list[str]]:
         for i, unit in ((0, "wall"), (1, "CPU")):
             process_ms = [1e3 * fpb / t[i] for t in timings[f"{kind} process"]]
             ray_ms = [1e3 * fpb / t[i] for t in timings[f"{kind} ray"]]
+            calls_ms = statistics.median(1e3 * fpb / t[i] for t in timings[f"{kind} calls"])
             overheads = [r - p for r, p in zip(ray_ms, process_ms, strict=True)]
             process, ray_median = statistics.median(process_ms), statistics.median(ray_ms)
             rows.append(
@@ -503,6 +549,7 @@ def bench_ray(quick: bool) -> list[list[str]]:
                     f"{statistics.median(overheads):+.2f} ms",
                     f"{min(overheads):+.2f} .. {max(overheads):+.2f} ms",
                     ratio(ray_median, process),
+                    f"{calls_ms:.2f} ms",
                 ]
             )
     return rows
@@ -549,7 +596,9 @@ def main() -> None:
     print(
         "(cheap CartPole, random actions, 2 workers x 1 env; CPU: every thread of every "
         f"process, Ray's too, to the ns; medians of {RAY_ROUNDS} rounds of 40 batches; "
-        "overhead: median and range of each round's ray - process)\n"
+        "overhead: median and range of each round's ray - process; Ray's calls alone: the "
+        "same actor calls per batch to actors returning a fixed batch-sized reply, the raw "
+        "limit)\n"
     )
     headers = [
         "collector",
@@ -559,6 +608,7 @@ def main() -> None:
         "ray overhead",
         "overhead range",
         "ray / process",
+        "Ray's calls alone",
     ]
     print(table(headers, bench_ray(quick)))
     print(f"\nend: {load()}")
