@@ -25,9 +25,9 @@ Ray sends as it is: Ray's own serialiser (cloudpickle, with a Python hook per ob
 ~0.2 ms more CPU per reply of a 500-frame CartPole batch, and a sync batch of 2 workers is 2
 replies; the arrays unpickled from it are fresh, so :meth:`~RayPool.take` uses them without
 another copy. The rest of Ray's cost per actor call (submitting it, the reply's trip, the
-actor's task machinery and its threads) is ~1 ms of CPU on this project's 2-core test
-machine, the floor of the backend's per-batch overhead (see
-``benchmarks/bench_parallel.py``). With
+actor's task machinery and its threads) is 1.3-1.8 ms of CPU on this project's loaded 2-core
+test machine, the floor of the backend's per-batch overhead (``benchmarks/bench_parallel.py``
+measures it as "Ray's calls alone"; docs/benchmarks.rst has what else was tried). With
 :meth:`~RayPool.keep_batches_remote` the actor instead puts the batch into its node's object
 store (``ray.put``) and replies with the object reference only: a replay buffer served by a
 Ray actor (:class:`~splice.RayReplayBuffer`) then reads it from there, and the batch never
