@@ -74,7 +74,11 @@ class ReplayBuffer:
     One writer thread (a collector's ``start()``) and sampling threads may use a buffer
     concurrently: every method that touches the storage or index holds a lock (the flattening
     and checking of a batch and the tensor bookkeeping of a sample are done outside it), so a
-    sample never sees a half-written batch or a stale index.
+    sample never sees a half-written batch or a stale index. Samples come first: while one is
+    in flight, ``extend`` waits (at most 1 ms, before flattening and again before taking the
+    lock) instead of competing with it for the interpreter, so a learner's samples keep
+    their speed while a collector thread writes, and the writes happen in the learner's
+    GIL-free model updates.
 
     Args:
         storage: where steps live (default ``LazyTensorStorage(1000)``, as in TorchRL).
