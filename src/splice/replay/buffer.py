@@ -32,7 +32,6 @@ from splice.replay._batch import (
 from splice.replay._boundaries import Boundaries, resolve_boundaries
 from splice.replay._persist import Snapshot, from_state_dict, read_dir, to_state_dict, write_dir
 from splice.replay._structures import I64
-from splice.replay._turns import SamplesFirst
 from splice.replay._validate import check_snapshot
 from splice.replay.index import ReplayIndex, WritePlan
 from splice.replay.samplers import RandomSampler, Sampler
@@ -74,11 +73,7 @@ class ReplayBuffer:
     One writer thread (a collector's ``start()``) and sampling threads may use a buffer
     concurrently: every method that touches the storage or index holds a lock (the flattening
     and checking of a batch and the tensor bookkeeping of a sample are done outside it), so a
-    sample never sees a half-written batch or a stale index. Samples come first: while one is
-    in flight, ``extend`` waits (at most 1 ms, before flattening and again before taking the
-    lock) instead of competing with it for the interpreter, so a learner's samples keep
-    their speed while a collector thread writes, and the writes happen in the learner's
-    GIL-free model updates.
+    sample never sees a half-written batch or a stale index.
 
     Args:
         storage: where steps live (default ``LazyTensorStorage(1000)``, as in TorchRL).
@@ -162,7 +157,6 @@ class ReplayBuffer:
         self.sampler = sampler
         self.batch_size = batch_size
         self._lock = threading.RLock()
-        self._turns = SamplesFirst()
         self._index = ReplayIndex(storage.max_size, row_key=storage.row_key)
         self._bounds: Boundaries | None = None
         self._kind: Kind | None = None
@@ -228,9 +222,7 @@ class ReplayBuffer:
         td, kind = as_tensordict(data)
         # Flattening and checking change nothing: done before taking the lock, so that a
         # sampling thread waits only for the write itself.
-        self._turns.give_way()
         staged = self._stage(td, kind)
-        self._turns.give_way()
         with self._lock:
             return self._extend(td, kind, staged)
 
@@ -400,22 +392,21 @@ class ReplayBuffer:
         shaped = (
             bool(as_sequences) if as_sequences is not None else bool(marks and marks.as_sequences)
         )
-        with self._turns.sampling():  # a writer gives way meanwhile (see _turns)
-            with self._lock:
-                draw = self.sampler.draw(size)
-                if shaped and draw.rows.ndim != 2:
-                    raise ValueError(
-                        f"as_sequences needs a slice sampler; {type(self.sampler).__name__} draws "
-                        "single steps"
-                    )
-                plan = _output.plan(draw, shaped=shaped, pad=bool(marks and marks.pad_output))
-                rows = torch.from_numpy(plan.rows)
-                columns = self.storage.gather(rows)
-                objects = self.storage.gather_objects(rows)
-                kind = self._kind
-            data, info = _output.build(columns, draw, plan, marks, shaped=shaped, objects=objects)
-            out = data if kind is None else from_tensordict(data, kind)
-            return (out, info) if return_info else out
+        with self._lock:
+            draw = self.sampler.draw(size)
+            if shaped and draw.rows.ndim != 2:
+                raise ValueError(
+                    f"as_sequences needs a slice sampler; {type(self.sampler).__name__} draws "
+                    "single steps"
+                )
+            plan = _output.plan(draw, shaped=shaped, pad=bool(marks and marks.pad_output))
+            rows = torch.from_numpy(plan.rows)
+            columns = self.storage.gather(rows)
+            objects = self.storage.gather_objects(rows)
+            kind = self._kind
+        data, info = _output.build(columns, draw, plan, marks, shaped=shaped, objects=objects)
+        out = data if kind is None else from_tensordict(data, kind)
+        return (out, info) if return_info else out
 
     def __iter__(self) -> Iterator[Any]:
         """Batches until the sampler runs out (samplers with replacement never do)."""
