@@ -13,9 +13,13 @@ by workers while the learner samples. Everything in one process run, ratios side
 * worker start-up: the first start (the fork server imports splice/torch once) and later ones;
 * Ray: the ``"ray"`` backend (each worker a Ray actor, batches through Ray's object store) vs
   the ``"process"`` backend on the same 1,000-frame batches of cheap CartPole, 2 workers: the
-  time per batch of each, the difference (the Ray backend's per-batch overhead) and the ratio.
-  A local Ray instance (``ray.init(num_cpus=2)``) is started for it and shut down after
-  (``--quick``: the sync collectors only).
+  time per batch of each, the difference (the Ray backend's per-batch overhead) and the ratio,
+  and the raw limit: the same number of actor calls per batch (one per worker for a sync
+  batch, one for an async one) to actors that return a fixed batch-sized reply. CPU time is
+  read per thread to the nanosecond there (the 10-ms ticks of the other sections would make
+  one round's figure uncertain by about +-1.5 ms per batch), and the overhead is the median
+  of each round's difference. A local Ray instance (``ray.init(num_cpus=2)``) is started for
+  it and shut down after (``--quick``: the sync collectors only).
 
 Contenders are timed round-robin (a pause before each lets an async collector's batches in
 flight finish, so they never run during another contender's timing); medians are printed.
@@ -71,9 +75,8 @@ def cartpole8() -> gym.vector.VectorEnv:  # type: ignore[type-arg]
 
 
 # ----------------------------------------------------------------------------- timing
-def tree_cpu_seconds() -> float:
-    """CPU time used so far by this process and every process below it (workers, the fork
-    server's children, TorchRL's workers): the work a contender costs, whatever the load."""
+def _process_tree() -> list[int]:
+    """This process and every process below it."""
     children: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit():
@@ -83,11 +86,20 @@ def tree_cpu_seconds() -> float:
             except OSError:
                 continue
             children.setdefault(ppid, []).append(int(entry))
-    total, todo = 0.0, [os.getpid()]
-    tick = os.sysconf("SC_CLK_TCK")
+    tree, todo = [], [os.getpid()]
     while todo:
         pid = todo.pop()
+        tree.append(pid)
         todo.extend(children.get(pid, []))
+    return tree
+
+
+def tree_cpu_seconds() -> float:
+    """CPU time used so far by this process and every process below it (workers, the fork
+    server's children, TorchRL's workers): the work a contender costs, whatever the load.
+    Read from the kernel's per-process counters, which tick at 10 ms."""
+    total, tick = 0.0, os.sysconf("SC_CLK_TCK")
+    for pid in _process_tree():
         try:
             with open(f"/proc/{pid}/stat") as f:
                 fields = f.read().rsplit(")", 1)[1].split()
@@ -95,6 +107,27 @@ def tree_cpu_seconds() -> float:
             continue
         total += (int(fields[11]) + int(fields[12])) / tick
     return total
+
+
+def tree_cpu_seconds_precise() -> float:
+    """:func:`tree_cpu_seconds` to the nanosecond: the run time of every live thread of the
+    tree (``/proc/PID/task/TID/schedstat``). Threads that ended are not counted, so it is
+    for contenders whose processes and threads all live through the timing (Ray's do: its
+    services, workers and their threads are long-lived). A timing of 40 batches at 10-ms
+    ticks over ~6 processes is uncertain by about +-1.5 ms per batch; this is not."""
+    total = 0
+    for pid in _process_tree():
+        try:
+            threads = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
+        for tid in threads:
+            try:
+                with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                    total += int(f.read().split()[0])
+            except (OSError, ValueError, IndexError):
+                continue
+    return total / 1e9
 
 
 class Batches:
@@ -123,24 +156,37 @@ class Batches:
         return done
 
 
-def round_robin(
-    contenders: dict[str, Callable[[], int]], rounds: int, settle: float
-) -> dict[str, tuple[float, float]]:
-    """Median frames/s and frames per CPU second (all processes) of each contender
-    (``run() -> frames``; ``run.prepare()`` first if it has one), timed in turns."""
-    wall: dict[str, list[float]] = {name: [] for name in contenders}
-    cpu: dict[str, list[float]] = {name: [] for name in contenders}
+def timed_rounds(
+    contenders: dict[str, Callable[[], int]],
+    rounds: int,
+    settle: float,
+    cpu_clock: Callable[[], float] = tree_cpu_seconds,
+) -> dict[str, list[tuple[float, float]]]:
+    """Frames/s and frames per CPU second (all processes, read by ``cpu_clock``) of each
+    contender (``run() -> frames``; ``run.prepare()`` first if it has one) in each round,
+    the contenders timed in turns."""
+    timings: dict[str, list[tuple[float, float]]] = {name: [] for name in contenders}
     for _ in range(rounds):
         for name, run in contenders.items():
             time.sleep(settle)
             prepare = getattr(run, "prepare", None)
             if prepare is not None:
                 prepare()
-            start, start_cpu = time.perf_counter(), tree_cpu_seconds()
+            start, start_cpu = time.perf_counter(), cpu_clock()
             frames = run()
-            wall[name].append(frames / (time.perf_counter() - start))
-            cpu[name].append(frames / max(tree_cpu_seconds() - start_cpu, 1e-3))
-    return {name: (statistics.median(wall[name]), statistics.median(cpu[name])) for name in wall}
+            wall = frames / (time.perf_counter() - start)
+            timings[name].append((wall, frames / max(cpu_clock() - start_cpu, 1e-3)))
+    return timings
+
+
+def round_robin(
+    contenders: dict[str, Callable[[], int]], rounds: int, settle: float
+) -> dict[str, tuple[float, float]]:
+    """Median frames/s and frames per CPU second of each contender over :func:`timed_rounds`."""
+    return {
+        name: (statistics.median(t[0] for t in runs), statistics.median(t[1] for t in runs))
+        for name, runs in timed_rounds(contenders, rounds, settle).items()
+    }
 
 
 def ratio(a: float, b: float) -> str:
@@ -397,9 +443,46 @@ def bench_startup() -> list[list[str]]:
 RAY_FRAMES_PER_BATCH = 1000
 
 
+RAY_ROUNDS = 10
+#: Bytes of a worker's reply per frame of cheap CartPole (29,262 bytes for a 500-frame part).
+RAY_REPLY_BYTES_PER_FRAME = 59
+
+
+class FixedReply:
+    """A Ray actor body answering every call with the same bytes: the raw limit of the Ray
+    backend, an actor call that returns a batch-sized reply (no env, no policy, no packing)."""
+
+    def __init__(self, size: int) -> None:
+        self.reply = bytes(size)
+
+    def collect_next(self) -> bytes:
+        return self.reply
+
+
+class RayCalls:
+    """A contender that makes, per batch, the actor calls the Ray backend makes (one per
+    worker for a sync batch, one for an async one) to :class:`FixedReply` actors."""
+
+    def __init__(self, actors: list[Any], calls_per_batch: int, batches: int) -> None:
+        self.actors, self.calls, self.batches = actors, calls_per_batch, batches
+        self.turn = 0
+
+    def __call__(self) -> int:
+        import ray
+
+        for _ in range(self.batches):
+            refs = []
+            for _ in range(self.calls):
+                refs.append(self.actors[self.turn % len(self.actors)].collect_next.remote())
+                self.turn += 1
+            ray.get(refs)
+        return self.batches * RAY_FRAMES_PER_BATCH
+
+
 def bench_ray(quick: bool) -> list[list[str]]:
     """Milliseconds per 1,000-frame batch (wall and CPU of every process, Ray's own
-    included), process backend vs Ray backend, sync and async."""
+    included), process backend vs Ray backend, sync and async: medians over the rounds, and
+    the overhead as the median of each round's difference (the two timed back to back)."""
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     import ray
 
@@ -415,10 +498,10 @@ def bench_ray(quick: bool) -> list[list[str]]:
     fpb = RAY_FRAMES_PER_BATCH
     collectors: dict[str, Any] = {}
     try:
-        for backend in ("process", "ray"):
-            # Both Ray collectors' actors (4) fit in the 2 CPUs: they never run together.
-            options = {"num_cpus": 0.5} if backend == "ray" else {}
-            for kind in kinds:
+        for kind in kinds:
+            for backend in ("process", "ray"):
+                # Both Ray collectors' actors (4) fit in the 2 CPUs: they never run together.
+                options = {"num_cpus": 0.5} if backend == "ray" else {}
                 name = f"{'sync' if kind is splice.MultiSyncCollector else 'async'} {backend}"
                 collectors[name] = kind(
                     cartpole,
@@ -428,13 +511,22 @@ def bench_ray(quick: bool) -> list[list[str]]:
                     backend=backend,
                     backend_options=options,
                 )
-        fps = round_robin(
-            {
-                name: Batches(c, fpb * batches, ahead=WORKERS if name.startswith("async") else 0)
-                for name, c in collectors.items()
-            },
-            rounds=1 if quick else 5,
+        contenders: dict[str, Callable[[], int]] = {}
+        for name, c in collectors.items():
+            kind = name.split()[0]
+            ahead = WORKERS if kind == "async" else 0
+            contenders[name] = Batches(c, fpb * batches, ahead=ahead)
+            if name.endswith("ray"):  # the raw limit: Ray's calls alone, as many per batch
+                calls = WORKERS if kind == "sync" else 1
+                size = RAY_REPLY_BYTES_PER_FRAME * fpb // calls
+                actors = [ray.remote(num_cpus=0)(FixedReply).remote(size) for _ in range(WORKERS)]
+                ray.get([actor.collect_next.remote() for actor in actors])
+                contenders[f"{kind} calls"] = RayCalls(actors, calls, batches)
+        timings = timed_rounds(
+            contenders,
+            rounds=1 if quick else RAY_ROUNDS,
             settle=0.3,
+            cpu_clock=tree_cpu_seconds_precise,
         )
     finally:
         for c in collectors.values():
@@ -443,16 +535,21 @@ def bench_ray(quick: bool) -> list[list[str]]:
     rows = []
     for kind in ("sync",) if quick else ("sync", "async"):
         for i, unit in ((0, "wall"), (1, "CPU")):
-            process_ms = 1e3 * fpb / fps[f"{kind} process"][i]
-            ray_ms = 1e3 * fpb / fps[f"{kind} ray"][i]
+            process_ms = [1e3 * fpb / t[i] for t in timings[f"{kind} process"]]
+            ray_ms = [1e3 * fpb / t[i] for t in timings[f"{kind} ray"]]
+            calls_ms = statistics.median(1e3 * fpb / t[i] for t in timings[f"{kind} calls"])
+            overheads = [r - p for r, p in zip(ray_ms, process_ms, strict=True)]
+            process, ray_median = statistics.median(process_ms), statistics.median(ray_ms)
             rows.append(
                 [
                     f"Multi{kind.capitalize()}Collector",
                     unit,
-                    f"{process_ms:.2f} ms",
-                    f"{ray_ms:.2f} ms",
-                    f"{ray_ms - process_ms:+.2f} ms",
-                    ratio(ray_ms, process_ms),
+                    f"{process:.2f} ms",
+                    f"{ray_median:.2f} ms",
+                    f"{statistics.median(overheads):+.2f} ms",
+                    f"{min(overheads):+.2f} .. {max(overheads):+.2f} ms",
+                    ratio(ray_median, process),
+                    f"{calls_ms:.2f} ms",
                 ]
             )
     return rows
@@ -496,8 +593,23 @@ def main() -> None:
     headers = ["collector", "no writer", "2 workers writing", "ratio", "frames/s written", "n"]
     print(table(headers, bench_latency(quick)))
     print(f"\n## Ray vs process backend: time per {RAY_FRAMES_PER_BATCH:,}-frame batch\n")
-    print("(cheap CartPole, random actions, 2 workers x 1 env; CPU: all processes, Ray's too)\n")
-    headers = ["collector", "time", "process", "ray", "ray overhead", "ray / process"]
+    print(
+        "(cheap CartPole, random actions, 2 workers x 1 env; CPU: every thread of every "
+        f"process, Ray's too, to the ns; medians of {RAY_ROUNDS} rounds of 40 batches; "
+        "overhead: median and range of each round's ray - process; Ray's calls alone: the "
+        "same actor calls per batch to actors returning a fixed batch-sized reply, the raw "
+        "limit)\n"
+    )
+    headers = [
+        "collector",
+        "time",
+        "process",
+        "ray",
+        "ray overhead",
+        "overhead range",
+        "ray / process",
+        "Ray's calls alone",
+    ]
     print(table(headers, bench_ray(quick)))
     print(f"\nend: {load()}")
 

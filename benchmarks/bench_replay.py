@@ -5,7 +5,7 @@ one-hot action [2], next observation, reward, done/terminated/truncated, traject
 geometric episode lengths, mean 20) extended in batches of 1,000 into a 1,000,000-step
 buffer; batches of 512 frames (32 slices x 16 steps).
 
-    python -m benchmarks.bench_replay [--quick] [--cpu-time]
+    python -m benchmarks.bench_replay [--quick] [--cpu-time] [--sections extend,concurrent]
 
 ``--cpu-time`` times the single-threaded sections in CPU time of the process
 (``time.process_time``) instead of wall time: on a busy shared machine, wall time mostly
@@ -29,6 +29,7 @@ import threading
 import time
 import warnings
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -269,68 +270,110 @@ def _sample_rows(t: dict[str, Timing]) -> list[list[object]]:
 def bench_concurrent(capacity: int, chunks: list[TensorDict], seconds: float) -> list[list[object]]:
     """Sample latency alone and while a background thread extends (1,000 steps per extend,
     as fast as it can): three alternating phases of each, ``seconds`` long, on the same full
-    buffer; medians over the phases."""
+    buffer; medians over the phases. "writer CPU / sample": the writer thread's CPU time
+    while a sample was in flight, per sample (what the writer took from the sample, in
+    interpreter time: on a busy machine the latency ratio hides it, as the writer is
+    preempted). The "training loop" row puts 1 ms of GIL-free work (a sleep, as a model
+    update's kernels) between samples, as a learner does."""
     rows = []
     makers = {
-        "splice SliceSampler": lambda: splice_buffer(
-            capacity, SliceSampler(slice_len=SLICE_LEN, seed=0)
+        "splice SliceSampler": (
+            lambda: splice_buffer(capacity, SliceSampler(slice_len=SLICE_LEN, seed=0)),
+            0.0,
         ),
-        "TorchRL SliceSampler": lambda: torchrl_buffer(capacity, "slice"),
-        "TorchRL SliceSampler(cache_values=True)": lambda: torchrl_buffer(capacity, "slice_cached"),
+        "splice SliceSampler, training loop": (
+            lambda: splice_buffer(capacity, SliceSampler(slice_len=SLICE_LEN, seed=0)),
+            1e-3,
+        ),
+        "TorchRL SliceSampler": (lambda: torchrl_buffer(capacity, "slice"), 0.0),
+        "TorchRL SliceSampler(cache_values=True)": (
+            lambda: torchrl_buffer(capacity, "slice_cached"),
+            0.0,
+        ),
     }
-    for name, make in makers.items():
+    for name, (make, pause) in makers.items():
         rb = make()
         fill(rb, chunks)
         fresh = FreshChunks(min(capacity, 200_000))
         alone: list[float] = []
-        busy: list[float] = []
-        written = 0
+        busy: list[Latency] = []
         for _ in range(3):
-            alone.append(_sample_latency(rb, seconds, None)[0])
-            latency, steps = _sample_latency(rb, seconds, fresh)
-            busy.append(latency)
-            written += steps
-        a, b = float(np.median(alone)), float(np.median(busy))
+            alone.append(_sample_latency(rb, seconds, None, pause).median)
+            busy.append(_sample_latency(rb, seconds, fresh, pause))
+        a = float(np.median(alone))
+        b = float(np.median([x.median for x in busy]))
+        p90 = float(np.median([x.p90 for x in busy]))
+        stolen = float(np.median([x.writer_cpu for x in busy]))
+        written = sum(x.written for x in busy)
         rows.append(
             [
                 name,
                 f"{a * 1e3:.3f} ms",
-                f"{b * 1e3:.3f} ms",
+                f"{b * 1e3:.3f} ms (p90 {p90 * 1e3:.3f})",
                 f"{b / a:.2f}x",
+                f"{stolen * 1e3:.3f} ms",
                 f"{written / (3 * seconds):,.0f}",
             ]
         )
     return rows
 
 
-def _sample_latency(rb, seconds: float, fresh: FreshChunks | None) -> tuple[float, int]:
-    """Median ``sample()`` latency over ``seconds``, with a writer thread extending from
-    ``fresh`` when given; and the steps it wrote."""
+@dataclass(frozen=True)
+class Latency:
+    """One phase of :func:`_sample_latency`."""
+
+    median: float
+    p90: float
+    writer_cpu: float  # the writer's CPU seconds while a sample was in flight, per sample
+    written: int
+
+
+def _sample_latency(rb, seconds: float, fresh: FreshChunks | None, pause: float) -> Latency:
+    """``sample()`` latency over ``seconds`` (``pause`` seconds of sleep between samples),
+    with a writer thread extending from ``fresh`` when given; and the steps it wrote."""
     stop = threading.Event()
+    started = threading.Event()
     written = [0]
+    writer_ident = [0]
 
     def writer() -> None:
         assert fresh is not None
+        writer_ident[0] = threading.get_ident()
+        started.set()
         while not stop.is_set():
             rb.extend(fresh.next())
             written[0] += CHUNK
             time.sleep(0)  # let the sampling thread in (both libraries alike)
 
     thread = threading.Thread(target=writer) if fresh is not None else None
+    writer_clock: Callable[[], float] = lambda: 0.0  # noqa: E731
     if thread is not None:
         thread.start()
-    times = []
+        started.wait()
+        if hasattr(time, "pthread_getcpuclockid"):  # Linux: another thread's CPU clock
+            clock_id = time.pthread_getcpuclockid(writer_ident[0])
+            writer_clock = lambda: time.clock_gettime(clock_id)  # noqa: E731
+    times, stolen = [], 0.0
     end = time.perf_counter() + seconds
     try:
         while time.perf_counter() < end:
+            w = writer_clock()
             start = time.perf_counter()
             rb.sample()
             times.append(time.perf_counter() - start)
+            stolen += writer_clock() - w
+            if pause:
+                time.sleep(pause)
     finally:
         stop.set()
         if thread is not None:
             thread.join()
-    return float(np.median(times)), written[0]
+    return Latency(
+        float(np.median(times)),
+        float(np.percentile(times, 90)),
+        stolen / len(times),
+        written[0],
+    )
 
 
 def bench_loop(capacity: int, chunks: list[TensorDict], rounds: int) -> list[list[object]]:
@@ -457,16 +500,30 @@ def bench_prioritized(capacity: int, chunks: list[TensorDict], rounds: int) -> l
     return out
 
 
+SECTIONS = ("extend", "sample", "loop", "prioritized", "concurrent")
+
+
 def main() -> None:
     p = parser(__doc__ or "")
     p.add_argument("--cpu-time", action="store_true", help="time in CPU time, not wall time")
+    p.add_argument(
+        "--sections",
+        default=",".join(SECTIONS),
+        help=f"comma-separated sections to run (default: all of {', '.join(SECTIONS)})",
+    )
     args = p.parse_args()
+    sections = set(args.sections.split(","))
+    unknown = sections - set(SECTIONS)
+    if unknown:
+        p.error(f"unknown sections {sorted(unknown)}; choose from {', '.join(SECTIONS)}")
     if args.cpu_time:
         CLOCK[0] = time.process_time
     warnings.filterwarnings("ignore")
     torch.set_num_threads(1)
     # Before TorchRL is imported: its prioritized samplers need the C++ extension.
-    missing_extension = load_torchrl_extension(build=not args.quick)
+    missing_extension = (
+        load_torchrl_extension(build=not args.quick) if "prioritized" in sections else None
+    )
     capacity = 20_000 if args.quick else 1_000_000
     rounds = 2 if args.quick else 5
     chunks = list(cartpole_stream(capacity, 20.0).split(CHUNK))
@@ -475,54 +532,60 @@ def main() -> None:
         f"samples of {BATCH} ({SLICES} x {SLICE_LEN}); "
         f"{'CPU' if args.cpu_time else 'wall'} time; load average {os.getloadavg()[0]:.1f}\n"
     )
-    print("## extend (whole fill)\n")
-    print(
-        table(
-            ["contender", "time", "this / TorchRL slice", "this / raw (faster copy)"],
-            bench_extend(capacity, chunks, 1 if args.quick else 3),
-        )
-    )
-    print("\n## sample (buffer full)\n")
-    rows, _ = bench_sample(capacity, chunks, 2 if args.quick else 11)
-    print(
-        table(
-            [
-                "contender",
-                "per sample",
-                "TorchRL uncached / this",
-                "TorchRL cached / this",
-                "this / splice random",
-                "this / raw slices",
-            ],
-            rows,
-        )
-    )
-    print("\n## extend(1,000) then sample(512), one thread\n")
-    loop = bench_loop(capacity, chunks, rounds)
-    print(table(["contender", "per extend+sample", "this / splice"], loop))
-    print(f"\n## PrioritizedSampler: 512 of {capacity:,} steps\n")
-    if missing_extension is None:
+    if "extend" in sections:
+        print("## extend (whole fill)\n")
         print(
             table(
-                ["operation", "splice", "TorchRL", "TorchRL / splice (raw: / raw)"],
-                bench_prioritized(capacity, chunks, 3 if args.quick else 11),
+                ["contender", "time", "this / TorchRL slice", "this / raw (faster copy)"],
+                bench_extend(capacity, chunks, 1 if args.quick else 3),
             )
         )
-    else:
-        print(f"TorchRL's PrioritizedSampler is unavailable: {missing_extension}")
-    print("\n## sample while a background thread extends\n")
-    print(
-        table(
-            [
-                "contender",
-                "sample alone",
-                "sample, writer running",
-                "writer / alone",
-                "steps written/s",
-            ],
-            bench_concurrent(capacity, chunks, 0.2 if args.quick else 2.0),
+    if "sample" in sections:
+        print("\n## sample (buffer full)\n")
+        rows, _ = bench_sample(capacity, chunks, 2 if args.quick else 11)
+        print(
+            table(
+                [
+                    "contender",
+                    "per sample",
+                    "TorchRL uncached / this",
+                    "TorchRL cached / this",
+                    "this / splice random",
+                    "this / raw slices",
+                ],
+                rows,
+            )
         )
-    )
+    if "loop" in sections:
+        print("\n## extend(1,000) then sample(512), one thread\n")
+        loop = bench_loop(capacity, chunks, rounds)
+        print(table(["contender", "per extend+sample", "this / splice"], loop))
+    if "prioritized" in sections:
+        print(f"\n## PrioritizedSampler: 512 of {capacity:,} steps\n")
+        if missing_extension is None:
+            print(
+                table(
+                    ["operation", "splice", "TorchRL", "TorchRL / splice (raw: / raw)"],
+                    bench_prioritized(capacity, chunks, 3 if args.quick else 11),
+                )
+            )
+        else:
+            print(f"TorchRL's PrioritizedSampler is unavailable: {missing_extension}")
+    if "concurrent" in sections:
+        print("\n## sample while a background thread extends\n")
+        print(
+            table(
+                [
+                    "contender",
+                    "sample alone",
+                    "sample, writer running",
+                    "writer / alone",
+                    "writer CPU / sample",
+                    "steps written/s",
+                ],
+                bench_concurrent(capacity, chunks, 0.2 if args.quick else 2.0),
+            )
+        )
 
 
 if __name__ == "__main__":

@@ -64,6 +64,20 @@ def test_unpack_gives_writable_tensors_that_share_nothing_with_the_wire():
     assert array[0] == 0.0 and td["x"][0] == 0.0
 
 
+def test_unpack_without_copy_uses_writable_arrays_and_copies_read_only_ones():
+    td = TensorDict({"x": torch.arange(4.0), ("next", "y"): torch.zeros(4, 2)}, [4])
+    wire = pack(td)
+    wire[2]["x"][1].flags.writeable = False  # as Ray returns it
+    back = unpack(wire, copy=False)
+    assert back.batch_size == td.batch_size and set(back.keys(True, True)) == set(
+        td.keys(True, True)
+    )
+    assert not np.shares_memory(back["x"].numpy(), td["x"].numpy())  # read-only: copied
+    assert np.shares_memory(back["next", "y"].numpy(), td["next", "y"].numpy())  # as it is
+    back["x"][0] = 100.0
+    assert td["x"][0] == 0.0
+
+
 def test_non_numpy_dtypes_and_plain_values_travel_as_they_are():
     value = {"w": torch.ones(2, dtype=torch.bfloat16), "n": 3, "s": "text", "l": [torch.ones(1)]}
     back = unpack(pack(value))

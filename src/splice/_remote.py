@@ -83,13 +83,14 @@ _NUMPY_DTYPES: dict[torch.dtype, bool] = {}
 def pack(value: Any) -> Any:
     """``value`` with every CPU tensor (also inside TensorDicts, dicts, lists and tuples) as a
     numpy array that shares its memory; anything else is left as it is (Ray pickles it)."""
-    if isinstance(value, TensorDictBase):
-        entries = {key: pack(item) for key, item in value.items()}
-        device = None if value.device is None else str(value.device)
-        return (_TD, tuple(value.batch_size), entries, device)
-    if isinstance(value, torch.Tensor):
+    if isinstance(value, torch.Tensor):  # first: the most common, and the cheapest check
         tensor = value.detach()
-        if tensor.device.type != "cpu":
+        if tensor.is_cpu:  # the common case in one call; a dtype numpy lacks (TypeError)
+            try:  # or a lazy conjugation/negation (RuntimeError) takes the way below
+                return (_TENSOR, tensor.numpy())
+            except (TypeError, RuntimeError):
+                pass
+        else:
             tensor = tensor.cpu()
         usable = _NUMPY_DTYPES.get(tensor.dtype)
         if usable is None:
@@ -97,6 +98,10 @@ def pack(value: Any) -> Any:
         if not usable:
             return tensor
         return (_TENSOR, tensor.resolve_conj().resolve_neg().numpy())
+    if isinstance(value, TensorDictBase):
+        entries = {key: pack(item) for key, item in value.items()}
+        device = None if value.device is None else str(value.device)
+        return (_TD, tuple(value.batch_size), entries, device)
     if isinstance(value, dict):
         return {key: pack(item) for key, item in value.items()}
     if isinstance(value, list | tuple) and type(value) in (list, tuple):
@@ -104,18 +109,33 @@ def pack(value: Any) -> Any:
     return value
 
 
-def unpack(value: Any) -> Any:
-    """The inverse of :func:`pack`; arrays are copied (see the module docstring)."""
+def unpack(value: Any, copy: bool = True) -> Any:
+    """The inverse of :func:`pack`.
+
+    Args:
+        value: what :func:`pack` returned (possibly after a trip through Ray or pickle).
+        copy: copy every array (see the module docstring). ``False`` copies only the
+            read-only ones (Ray's views of its buffers) and uses writable arrays as they
+            are: only for arrays nobody else holds, e.g. just unpickled from bytes.
+
+    A TensorDict is rebuilt from entries that already have its batch dims, so its
+    per-entry checks are skipped (``TensorDict._new_unsafe``; a CPU TensorDict only).
+    """
     if isinstance(value, tuple) and len(value) == 4 and value[0] == _TD:
         _, batch_size, entries, device = value
-        source = {key: unpack(item) for key, item in entries.items()}
+        source = {key: unpack(item, copy) for key, item in entries.items()}
+        if device is None or device == "cpu":
+            return TensorDict._new_unsafe(source, batch_size=torch.Size(batch_size), device=device)
         return TensorDict(source, batch_size=batch_size, device=device)
     if isinstance(value, tuple) and len(value) == 2 and value[0] == _TENSOR:
-        return torch.from_numpy(np.array(value[1], copy=True))
+        array = value[1]
+        if copy or not array.flags.writeable:
+            array = np.array(array, copy=True)
+        return torch.from_numpy(array)
     if isinstance(value, dict):
-        return {key: unpack(item) for key, item in value.items()}
+        return {key: unpack(item, copy) for key, item in value.items()}
     if isinstance(value, list | tuple) and type(value) in (list, tuple):
-        return type(value)(unpack(item) for item in value)
+        return type(value)(unpack(item, copy) for item in value)
     return value
 
 

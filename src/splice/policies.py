@@ -83,6 +83,7 @@ from tensordict import TensorDictBase
 from tensordict.nn import TensorDictModuleBase
 from tensordict.utils import NestedKey
 
+from splice._rng import seed_from_torch
 from splice.layout import ACTION, NEXT, OBSERVATION, as_key_tuple
 
 __all__ = ["ModulePolicy", "Policy", "PolicyError", "RandomPolicy", "as_policy"]
@@ -113,7 +114,8 @@ class RandomPolicy:
 
     Args:
         action_space: the action space of ONE env.
-        seed: seeds the space's sampler.
+        seed: seeds the space's sampler; without it, the seed is drawn from torch's global
+            RNG (``torch.manual_seed`` reproduces the actions).
 
     Examples:
         >>> from gymnasium import spaces
@@ -126,8 +128,8 @@ class RandomPolicy:
     def __init__(self, action_space: spaces.Space[Any], seed: int | None = None) -> None:
         self.action_space = action_space
         self._batched: dict[int, spaces.Space[Any]] = {}
-        self._seed = seed
-        self.action_space.seed(seed)
+        self._seed = seed_from_torch() if seed is None else seed
+        self.action_space.seed(self._seed)
 
     def _space_for(self, batch_shape: torch.Size) -> spaces.Space[Any]:
         if len(batch_shape) == 0:
@@ -135,7 +137,7 @@ class RandomPolicy:
         n = int(np.prod(batch_shape))
         if n not in self._batched:
             space = batch_space(self.action_space, n)
-            space.seed(None if self._seed is None else self._seed + n)
+            space.seed(self._seed + n)
             self._batched[n] = space
         return self._batched[n]
 

@@ -464,6 +464,10 @@ def test_bad_arguments_are_refused_before_any_process_starts():
         MultiSyncCollector(counting(3), num_workers=1, frames_per_batch=4, backend_options={"x": 1})
     with pytest.raises(ValueError, match="mp_start_method"):
         MultiSyncCollector(counting(3), num_workers=1, frames_per_batch=4, mp_start_method="fork")
+    with pytest.raises(TypeError, match="seed must be an int"):
+        MultiSyncCollector(counting(3), num_workers=1, frames_per_batch=4, seed=1.5)
+    with pytest.raises(ValueError, match="seed"):
+        MultiSyncCollector(counting(3), num_workers=1, frames_per_batch=4, seed=-1)
 
     class Unpicklable:
         def __init__(self) -> None:

@@ -54,6 +54,39 @@ def test_set_seed_reproduces_the_data() -> None:
     c.shutdown()
 
 
+def test_random_actions_without_a_seed_follow_torchs_global_rng() -> None:
+    # The env's own observations are not seeded here; the random actions are the collector's
+    # stream and follow torch.manual_seed, at the first batch and after reset() alike.
+    def actions() -> list[torch.Tensor]:
+        torch.manual_seed(5)
+        c = Collector(counting_vec([50]), frames_per_batch=20)
+        first = c.next()
+        c.reset()
+        again = c.next()
+        c.shutdown()
+        assert first is not None and again is not None
+        return [first["action"], again["action"]]
+
+    a, b = actions(), actions()
+    assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+    assert not torch.equal(a[0], a[1])  # the reset draws a new seed: a new stream
+    torch.manual_seed(6)
+    c = Collector(counting_vec([50]), frames_per_batch=20)
+    other = c.next()
+    c.shutdown()
+    assert other is not None and not torch.equal(other["action"], a[0])
+    # A collector that never acts at random leaves the global RNG alone.
+    state = torch.get_rng_state()
+    c = Collector(
+        counting_vec([50]),
+        lambda td: td.set("action", torch.zeros(1, dtype=torch.long)),
+        frames_per_batch=20,
+    )
+    assert c.next() is not None
+    c.shutdown()
+    assert torch.equal(torch.get_rng_state(), state)
+
+
 def test_reset_and_set_seed_refuse_while_collecting_in_the_background() -> None:
     rb = ReplayBuffer()
     c = Collector("CartPole-v1", frames_per_batch=10, total_frames=10_000, replay_buffer=rb)

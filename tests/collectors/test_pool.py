@@ -101,6 +101,35 @@ def test_weights_reach_every_worker_before_its_next_batch(backend):
         assert actions() == [0, 0]
         pool.set_weights(TensorDict({"bias": torch.tensor(1.0)}, []))
         assert actions() == [1, 1]
+        assert actions() == [1, 1]  # and the batches after it (no new weights sent)
+    finally:
+        pool.close(timeout=10)
+
+
+def test_each_request_collects_the_kind_of_batch_it_asks_for(backend):
+    """Random actions or the policy, as each request says, however they alternate (the Ray
+    backend sends a request's terms only when they change)."""
+    policy = ConstantPolicy()  # every action 0
+    # Episodes longer than the test: no reset, so no step of one batch is carried into the
+    # next (a row's top-up after a dead reset step would be, with the earlier batch's kind).
+    specs = make_specs(2, env=lambda: CountingEnv(length=1000), policy=policy)
+    pool = make_pool(backend, specs, policy_weights(policy), {})
+    try:
+        pool.start(timeout=120)
+        pool.configure([20, 20])
+
+        def random_actions_taken(random_actions: bool) -> int:
+            for i in (0, 1):
+                pool.request(i, random_actions=random_actions)
+            taken = 0
+            for i in (0, 1):
+                pool.wait([i])
+                taken += int(pool.take(i).batch["action"].sum())
+            return taken
+
+        # 40 random actions of Discrete(2) per round: all 0 with probability 2**-40.
+        kinds = [False, True, True, False, False, True, False]
+        assert [random_actions_taken(kind) > 0 for kind in kinds] == kinds
     finally:
         pool.close(timeout=10)
 

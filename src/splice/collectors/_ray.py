@@ -14,24 +14,29 @@ silently lose its episodes and id counter: use the collector's ``restart_workers
 ``get_if_exists``. If Ray is not initialised, the pool calls ``ray.init()`` (a local
 instance, as any Ray API would); to use a cluster, call ``ray.init(address=...)`` first.
 
-**Messages and data.** A request is one actor call, ``collect(random_actions, version,
-weights, keep)``; its reply carries the batch (in :func:`splice._remote.pack` form), the
-returns of the episodes that ended, the id counter and the frame count, pickled by the actor
-into one ``bytes`` object (numpy arrays in band), which Ray sends as it is: Ray's own
-serialiser (cloudpickle, with a Python hook per object) cost ~0.2 ms more CPU per reply of a
-500-frame CartPole batch, and a sync batch of 2 workers is 2 replies. The rest of Ray's cost
-per actor call (submitting it, the reply's trip, the actor's own threads) is ~1 ms of CPU on
-this project's 2-core test machine, the floor of the backend's per-batch overhead (see
-``benchmarks/bench_parallel.py``). With
+**Messages and data.** A request is one actor call. When its terms change (random actions
+or the policy; weights the worker was not sent yet) it is ``collect(random_actions, version,
+weights)``; otherwise it is ``collect_next()``, with no argument at all: Ray serialises each
+argument of a call on its own, which cost ~0.1 ms of the caller's CPU per call for the three
+small ones (0.13 ms vs 0.04 ms to submit a call, measured). The reply carries the batch (in
+:func:`splice._remote.pack` form), the returns of the episodes that ended, the id counter and
+the frame count, pickled by the actor into one ``bytes`` object (numpy arrays in band), which
+Ray sends as it is: Ray's own serialiser (cloudpickle, with a Python hook per object) cost
+~0.2 ms more CPU per reply of a 500-frame CartPole batch, and a sync batch of 2 workers is 2
+replies; the arrays unpickled from it are fresh, so :meth:`~RayPool.take` uses them without
+another copy. The rest of Ray's cost per actor call (submitting it, the reply's trip, the
+actor's task machinery and its threads) is 1.3-1.8 ms of CPU on this project's loaded 2-core
+test machine, the floor of the backend's per-batch overhead (``benchmarks/bench_parallel.py``
+measures it as "Ray's calls alone"; docs/benchmarks.rst has what else was tried). With
 :meth:`~RayPool.keep_batches_remote` the actor instead puts the batch into its node's object
 store (``ray.put``) and replies with the object reference only: a replay buffer served by a
 Ray actor (:class:`~splice.RayReplayBuffer`) then reads it from there, and the batch never
-passes through the collector's process. ``take`` copies a batch out of Ray's read-only
-memory once (:func:`~splice._remote.unpack`).
+passes through the collector's process; :meth:`~RayPool.fetch` copies such a batch out of
+Ray's read-only memory once (:func:`~splice._remote.unpack`).
 
 **Weights** are put into the object store once per :meth:`~RayPool.set_weights` (numpy form)
-with a version number; each request carries the version, and the reference as well when the
-worker has not been sent that version yet. The actor loads them before its batch when the
+with a version number; the first request to a worker after that is a ``collect`` call
+carrying the version and the reference. The actor loads them before its batch when the
 version differs from the one it loaded: weights change between batches, never within one.
 
 **Faults and shutdown.** An actor catches its own exceptions and replies with the traceback
@@ -122,6 +127,8 @@ class RayWorker:
     def __init__(self) -> None:
         self.core: WorkerCore | None = None
         self.version = -1  # the weights version loaded
+        self.random_actions = False  # the kind of batch collect_next() collects
+        self.keep = False  # whether batches stay in the object store (keep_batches_remote)
 
     def _core(self) -> WorkerCore:
         if self.core is None:
@@ -137,24 +144,36 @@ class RayWorker:
         except BaseException as error:
             return ("error", format_exception(error))
 
-    def configure(self, steps: int) -> tuple[Any, ...]:
+    def configure(self, steps: int, keep: bool) -> tuple[Any, ...]:
         try:
             self._core().configure(steps)
+            self.keep = keep
             return ("done",)
         except BaseException as error:
             return ("error", format_exception(error))
 
     def collect(
-        self, random_actions: bool, version: int, weights: list[Any] | None, keep: bool
+        self, random_actions: bool, version: int, weights: list[Any] | None
     ) -> tuple[Any, ...] | bytes:
+        """A batch, after taking the request's terms: random actions or the policy from now
+        on, and (``weights``: a list of one reference) the weights of ``version``."""
+        try:
+            self.random_actions = random_actions
+            if weights is not None and version != self.version:
+                self._core().load_weights(unpack(ray.get(weights[0])))
+                self.version = version
+        except BaseException as error:
+            return ("error", format_exception(error))
+        return self.collect_next()
+
+    def collect_next(self) -> tuple[Any, ...] | bytes:
+        """A batch on the terms of the last :meth:`collect`: the call the pool makes when
+        they did not change, with no argument for Ray to serialise."""
         try:
             core = self._core()
-            if weights is not None and version != self.version:
-                core.load_weights(unpack(ray.get(weights[0])))
-                self.version = version
-            batch, returns = core.collect(random_actions)
+            batch, returns = core.collect(self.random_actions)
             data = pack(batch)
-            if keep:  # a list: the reference stays one; Ray serialises it (it counts refs)
+            if self.keep:  # a list: the reference stays one; Ray serialises it (it counts refs)
                 return ("batch", [ray.put(data)], returns, core.ids_state(), core.frames)
             reply = ("batch", data, returns, core.ids_state(), core.frames)
             try:  # bytes, which Ray sends as they are (see the module docstring)
@@ -205,6 +224,7 @@ class _Actor:
     reply: tuple[Any, ...] | None = None
     failure: WorkerError | None = None
     sent_version: int = 0  # the weights version this actor was last sent
+    sent_random: bool | None = None  # the random_actions of its last collect (None: none yet)
 
 
 def check_actor_options(options: dict[str, Any]) -> dict[str, Any]:
@@ -383,7 +403,9 @@ class RayPool(WorkerPool):
 
     def configure(self, steps: Sequence[int]) -> None:
         self._steps = list(steps)
-        refs = {a.handle.configure.remote(self._steps[a.index]): a for a in self._actors}
+        refs = {
+            a.handle.configure.remote(self._steps[a.index], self._keep): a for a in self._actors
+        }
         self._gather(refs, 120.0, "configure", lambda actor, reply: None)
 
     def request(self, worker: int, *, random_actions: bool) -> None:
@@ -396,11 +418,14 @@ class RayPool(WorkerPool):
             if actor.state != _IDLE:
                 raise RuntimeError(f"worker {worker} is {actor.state}; it cannot take a request")
             version, ref = self._version, self._weights_ref
-            weights = [ref] if ref is not None and actor.sent_version != version else None
-            actor.pending = actor.handle.collect.remote(
-                bool(random_actions), version, weights, self._keep
-            )
-            actor.sent_version = version
+            random_actions = bool(random_actions)
+            if ref is not None and actor.sent_version != version:
+                actor.pending = actor.handle.collect.remote(random_actions, version, [ref])
+            elif random_actions != actor.sent_random:
+                actor.pending = actor.handle.collect.remote(random_actions, version, None)
+            else:  # the same terms as its last batch: a call without arguments
+                actor.pending = actor.handle.collect_next.remote()
+            actor.sent_version, actor.sent_random = version, random_actions
             actor.state = _BUSY
             actor.seq = next(self._seq)
 
@@ -442,7 +467,8 @@ class RayPool(WorkerPool):
         _, payload, returns, ids_state, frames = reply
         if self._keep:
             return WorkerBatch(None, returns, ids_state, frames, remote=payload[0])
-        return WorkerBatch(unpack(payload), returns, ids_state, frames)
+        # Unpickled from the actor's bytes: the arrays are fresh, only Ray's are copied.
+        return WorkerBatch(unpack(payload, copy=False), returns, ids_state, frames)
 
     def busy(self) -> list[int]:
         with self._lock:
@@ -474,7 +500,7 @@ class RayPool(WorkerPool):
             new, ref = self._launch(worker)
             self._actors[worker] = new
         self._gather({ref: new}, timeout, "start", self._hello)
-        configured = new.handle.configure.remote(self._steps[worker])
+        configured = new.handle.configure.remote(self._steps[worker], self._keep)
         self._gather({configured: new}, timeout, "configure", lambda actor, reply: None)
         assert new.info is not None
         return new.info

@@ -28,7 +28,7 @@ from typing import Any
 
 from tensordict.utils import NestedKey
 
-from splice._args import positive_int, require_int
+from splice._args import non_negative_int, positive_int, require_int
 from splice.envs.infos import InfoKey, InfoKeysLike, parse_info_keys
 from splice.layout import OBSERVATION, TRAJ_FORMATS, TrajFormat, as_key_tuple
 from splice.policies import as_policy
@@ -104,8 +104,8 @@ class CollectorSettings:
             raise ValueError(
                 f"init_random_frames must be a non-negative int or None, got {init_random_frames!r}"
             )
-        if seed is not None and require_int("seed", seed) < 0:
-            raise ValueError(f"seed must be a non-negative int or None, got {seed!r}")
+        if seed is not None:
+            non_negative_int("seed", seed)
         if trajs_per_batch is not None:
             trajs_per_batch = positive_int("trajs_per_batch", trajs_per_batch)
             if split_trajs:

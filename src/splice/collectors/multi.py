@@ -24,6 +24,8 @@ from gymnasium.vector import VectorEnv
 from tensordict import TensorDict, TensorDictBase
 from tensordict.utils import NestedKey
 
+from splice._args import non_negative_int
+from splice._rng import seed_from_torch
 from splice.collectors._base import CollectorBase, _frames_and_trajectories
 from splice.collectors._pool import WorkerBatch, WorkerPool, check_backend, make_pool
 from splice.collectors._progress import require_tqdm
@@ -95,14 +97,14 @@ class _WorkerSeeds:
     still reproduces the policies' sampling)."""
 
     def __init__(self, seed: int | None) -> None:
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-            raise ValueError(f"seed must be an int or None, got {seed!r}")
-        self._sequence = None if seed is None else np.random.SeedSequence(seed)
+        self._sequence = (
+            None if seed is None else np.random.SeedSequence(non_negative_int("seed", seed))
+        )
 
     def next(self) -> tuple[int | None, int]:
         """``(env seed, torch seed)`` for the next worker."""
         if self._sequence is None:
-            return None, int(torch.randint(0, 2**62, ()).item())
+            return None, seed_from_torch()
         child = self._sequence.spawn(1)[0]
         env_seed, torch_seed = (int(x) for x in child.generate_state(2, np.uint32))
         return env_seed, torch_seed

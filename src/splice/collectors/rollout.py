@@ -25,6 +25,7 @@ import torch
 from tensordict import TensorDict
 from tensordict.utils import NestedKey
 
+from splice._rng import seed_from_torch
 from splice.collectors._episodes import BatchLabeller, EpisodeStats, TimeLimit
 from splice.collectors._policy_step import PolicyStep
 from splice.collectors._settings import positive_int
@@ -121,6 +122,7 @@ class RolloutLoop:
         self._no_init = np.zeros(b, np.bool_)
         self._all_init = np.ones(b, np.bool_)
         self._started = False
+        self._actions_seeded = False
         self._init_now = self._all_init
         self._limit = (
             None if max_frames_per_traj is None else TimeLimit(adapter, max_frames_per_traj)
@@ -156,7 +158,11 @@ class RolloutLoop:
     def _start(self) -> None:
         adapter = self.adapter
         self._reset_all(self._seed)
-        adapter.seed_actions(self._seed)
+        # Random actions are seeded now with ``seed``, else from torch's global RNG when first
+        # needed (a collector with a policy never draws from it).
+        self._actions_seeded = self._seed is not None
+        if self._seed is not None:
+            adapter.seed_actions(self._seed)
         self._seed = None  # only the very first reset is seeded; later ones continue the RNG
         self.staging.add_info(adapter.info_leaves)  # known from the first reset on
         if self._policy is not None and self.policy_step is None:
@@ -204,8 +210,12 @@ class RolloutLoop:
             elif not policy_step.discovered:  # every batch has the policy's keys
                 for spec in policy_step.discover(self.adapter.obs, self._init_now):
                     self.staging.add(*spec)
+        use_random = policy_step is None or random_actions
+        if use_random and not self._actions_seeded:
+            self.adapter.seed_actions(seed_from_torch())
+            self._actions_seeded = True
         with torch.no_grad():
-            self._run(use_random=policy_step is None or random_actions)
+            self._run(use_random)
 
     def _run(self, use_random: bool) -> None:
         """Step until every env row holds ``T`` valid steps (making room in staging as

@@ -33,7 +33,7 @@ from splice.replay._boundaries import Boundaries, resolve_boundaries
 from splice.replay._persist import Snapshot, from_state_dict, read_dir, to_state_dict, write_dir
 from splice.replay._structures import I64
 from splice.replay._validate import check_snapshot
-from splice.replay.index import ReplayIndex
+from splice.replay.index import ReplayIndex, WritePlan
 from splice.replay.samplers import RandomSampler, Sampler
 from splice.replay.storage import CommitState, LazyTensorStorage, Storage
 
@@ -246,7 +246,7 @@ class ReplayBuffer:
         schema = Schema.of(batch.columns, batch.objects) if seen_schema is None else seen_schema
         if seen_schema is not None:
             schema.check(batch.columns, batch.objects)
-        return _Staged(seen_bounds, seen_schema, bounds, batch, schema)
+        return _Staged(seen_bounds, seen_schema, bounds, batch, schema, _layout(bounds, batch))
 
     def _extend(self, td: TensorDictBase, kind: Kind, staged: _Staged | None = None) -> Tensor:
         if (
@@ -257,17 +257,16 @@ class ReplayBuffer:
             staged = self._stage(td, kind)
         bounds, batch, schema = staged.bounds, staged.batch, staged.schema
         first = staged.seen_schema is None
-        columns, objects = batch.columns, batch.objects
-        self.storage.check_write(schema, objects)
+        self.storage.check_write(schema, batch.objects)
         n = batch.n
         if n == 0:
             return torch.full(batch.input_shape, -1, dtype=torch.int64)
-        keys, open_keys, next_key = bounds.keys_for(batch)
-        plan = self._index.plan(keys)  # each trajectory of the batch in one run of rows
-        order = plan.order
-        if order is not None:
-            columns = {k: take_rows(v, torch.from_numpy(order)) for k, v in columns.items()}
-            objects = {k: v[order] for k, v in objects.items()}
+        layout = staged.layout
+        if layout is None or not layout.current(bounds):  # another writer committed since
+            layout = _layout(bounds, batch)
+        assert layout is not None
+        plan, open_keys, next_key = layout.plan, layout.open_keys, layout.next_key
+        columns, objects, order = layout.columns, layout.objects, plan.order
         capacity = self.storage.max_size
         written = columns
         if n > capacity:
@@ -705,6 +704,42 @@ class _Staged:
     bounds: Boundaries
     batch: FlatBatch
     schema: Schema
+    layout: _Layout | None
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """Where a batch's steps go, decided outside the lock: the trajectory key of every step,
+    their write order (each trajectory of the batch in one run of rows) and the columns in
+    that order; and the boundary state it was derived from (``seen_open``, ``seen_next``:
+    with end flags, keys continue the trajectories still open, which another writer's commit
+    changes; then the layout is made again under the lock)."""
+
+    plan: WritePlan
+    open_keys: np.ndarray
+    next_key: int
+    columns: Columns
+    objects: Objects
+    seen_open: np.ndarray
+    seen_next: int
+
+    def current(self, bounds: Boundaries) -> bool:
+        return bounds.open_keys is self.seen_open and bounds.next_key == self.seen_next
+
+
+def _layout(bounds: Boundaries, batch: FlatBatch) -> _Layout | None:
+    """The :class:`_Layout` of a non-empty ``batch`` (None for an empty one); changes
+    nothing."""
+    if batch.n == 0:
+        return None
+    keys, open_keys, next_key = bounds.keys_for(batch)
+    plan = ReplayIndex.plan(keys)
+    columns, objects = batch.columns, batch.objects
+    if plan.order is not None:
+        order = torch.from_numpy(plan.order)
+        columns = {k: take_rows(v, order) for k, v in columns.items()}
+        objects = {k: v[plan.order] for k, v in objects.items()}
+    return _Layout(plan, open_keys, next_key, columns, objects, bounds.open_keys, bounds.next_key)
 
 
 def _key(key: NestedKey | None) -> Key | None:

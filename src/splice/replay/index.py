@@ -255,9 +255,11 @@ class ReplayIndex:
         return rows
 
     # ------------------------------------------------------------------ writes
-    def plan(self, keys: np.ndarray) -> WritePlan:
+    @staticmethod
+    def plan(keys: np.ndarray) -> WritePlan:
         """How to write a batch of trajectory ``keys`` so that each trajectory of it fills
-        one run of consecutive rows (the order a buffer writes its rows in).
+        one run of consecutive rows (the order a buffer writes its rows in). It depends on
+        ``keys`` only (no index state): a buffer plans a batch before it takes its lock.
 
         Examples:
             >>> ix = ReplayIndex(capacity=8)

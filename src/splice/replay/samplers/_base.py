@@ -12,6 +12,7 @@ import torch
 from tensordict.utils import NestedKey
 
 from splice._args import positive_int
+from splice._rng import seed_from_torch
 from splice.layout import IS_INIT, TRUNCATED, Key, as_key_tuple
 from splice.replay._state import flatten, from_tensors, to_tensors, unflatten
 from splice.replay._structures import I64
@@ -97,7 +98,7 @@ def make_generator(generator: torch.Generator | None, seed: int | None) -> torch
         raise TypeError(f"seed must be an int, got {type(seed).__name__}")
     out = torch.Generator()
     if seed is None:
-        seed = int(torch.empty((), dtype=torch.int64).random_().item())
+        seed = seed_from_torch()
     out.manual_seed(seed)
     return out
 
