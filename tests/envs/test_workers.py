@@ -14,6 +14,9 @@ import pytest
 from splice import Collector, LazyTensorStorage, ReplayBuffer
 from splice.envs import EnvWorkerError, WorkerWatch, make_adapter
 
+# Every test checks that no worker process is left running (tests/conftest.py).
+pytestmark = [pytest.mark.usefixtures("no_leftover_processes"), pytest.mark.timeout(120)]
+
 
 def slow_cartpole(delay: float):
     """An env factory: CartPole whose steps take ``delay`` seconds (the class is local, so
