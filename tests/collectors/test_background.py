@@ -329,6 +329,8 @@ def check():  # registered first, so it runs after splice's exit hook
 
 atexit.register(check)
 c.start()
+while rb.write_count == 0:  # (however slow the machine) a batch stored, the next under way
+    time.sleep(0.01)
 time.sleep(float(sys.argv[2]))
 print("leaving with the collector running:", c.running, flush=True)
 """
@@ -361,7 +363,7 @@ def test_interpreter_exit_with_a_background_collector_running_is_clean(mode):
     at_exit = run.stdout.split("at exit: ")[-1].split()
     assert at_exit[:2] == ["running", "False"], run.stdout
     frames, stored = int(at_exit[3]), int(at_exit[5])
-    assert frames == stored > 0  # the batch in progress was finished and stored
+    assert frames == stored >= 400  # the batch in progress was finished and stored
     assert at_exit[6:] == ["env", "closed", "True"]
     if mode == "async":
         pids = [int(p) for p in run.stdout.split("workers")[1].split("\n")[0].split()]

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -635,22 +634,17 @@ if __name__ == "__main__":
 """
 
 
-def test_interpreter_exit_ends_every_worker(tmp_path):
-    script = tmp_path / "exit_without_shutdown.py"
-    script.write_text(_EXIT_SCRIPT.format(tests=str(ROOT / "tests")))
+def test_interpreter_exit_ends_every_worker(exit_run):
+    """No shutdown: interpreter exit ends every worker, the blocked one included, within 10 s
+    (issue 12), measured from the script's last line to the moment the last worker ended (the
+    interpreter's and the fork server's own teardown afterwards took 3-8 s under load 8-17,
+    which the bound must not count)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-    start = time.monotonic()
-    out = subprocess.run(
-        [sys.executable, str(script)], capture_output=True, text=True, timeout=100, env=env
-    )
-    exited = time.time()
-    assert out.returncode == 0, out.stderr
-    pid_line, end_line = out.stdout.split("\n")[:2]
-    pids = [int(p) for p in pid_line.split()]
-    assert len(pids) == 4
-    assert exited - float(end_line) < 12  # the exit hook ended the blocked worker in time
-    wait_for(lambda: not any(Path(f"/proc/{pid}").exists() for pid in pids), timeout=5)
-    assert time.monotonic() - start < 90
+    run = exit_run(_EXIT_SCRIPT.format(tests=str(ROOT / "tests")), env)
+    assert run.returncode == 0, run.stderr
+    assert len(run.pids) == 4
+    assert run.workers_ended is not None, f"workers left running: {run.pids}"
+    assert run.workers_ended - run.exit_began < 10  # the exit hook ended the blocked worker
 
 
 def slow_counting():
@@ -721,15 +715,19 @@ def test_restart_workers_in_background_keeps_the_budget(kind, list_buffer):
         vec(lambda: SlowEnv(length=50)),
         num_workers=2,
         frames_per_batch=10,
-        total_frames=2_000,  # >= 1 s per worker: the kill comes well before the end
+        total_frames=2_000,
         restart_workers=True,
         replay_buffer=list_buffer,
     )
     pid = collector.worker_info[1].pid
+    killed = threading.Event()
     with pytest.warns(RuntimeWarning, match="replaced"):
-        collector.start()
+        # The gate holds collection from 40 frames on until the kill: the kill comes long
+        # before the budget is spent, however late this thread is scheduled.
+        collector.start(gate=lambda: killed.is_set() or len(list_buffer) < 40)
         wait_for(lambda: len(list_buffer) >= 40)
         os.kill(pid, signal.SIGKILL)
+        killed.set()
         collector.wait(timeout=60)
     collector.shutdown()
     assert collector.restarted_workers == 1 and collector.worker_info[1].pid != pid

@@ -14,6 +14,9 @@ import pytest
 from splice import Collector, LazyTensorStorage, ReplayBuffer
 from splice.envs import EnvWorkerError, WorkerWatch, make_adapter
 
+# Every test checks that no worker process is left running (tests/conftest.py).
+pytestmark = [pytest.mark.usefixtures("no_leftover_processes"), pytest.mark.timeout(120)]
+
 
 def slow_cartpole(delay: float):
     """An env factory: CartPole whose steps take ``delay`` seconds (the class is local, so
@@ -79,8 +82,11 @@ def test_worker_killed_between_batches_is_named_at_the_next_step():
 
 
 def test_worker_killed_during_a_step_is_named():
+    # Batches of 50 steps of 20 ms: the kill, 0.1 s into the second batch, lands in it even
+    # if the timer thread is scheduled late (with 10 steps, 0.2 s, a late timer killed the
+    # worker after the batch: nothing raised)
     env = async_env(slow_cartpole(0.02))
-    c = Collector(env, frames_per_batch=30)
+    c = Collector(env, frames_per_batch=3 * 50)
     it = iter(c)
     next(it)
     timer = threading.Timer(0.1, kill, (env, 2))

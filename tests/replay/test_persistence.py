@@ -10,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -264,8 +265,10 @@ def test_concurrent_writer_and_sampler_stay_consistent() -> None:
     thread = threading.Thread(target=writer)
     thread.start()
     try:
-        checked = 0
-        while checked < 150:
+        # Sample until the writer has wrapped the ring (however the two threads are
+        # scheduled: ~16k steps were written during 150 samples here, on one loaded core).
+        checked, deadline = 0, time.monotonic() + 60
+        while (checked < 150 or rb.write_count <= 3000) and time.monotonic() < deadline:
             s = rb.sample()
             # Each step's data matches its row's index entry at sampling time: consecutive
             # steps of one episode, nothing from a half-written batch.
@@ -275,6 +278,7 @@ def test_concurrent_writer_and_sampler_stay_consistent() -> None:
         stop.set()
         thread.join(timeout=30)
     assert not errors
+    assert checked >= 150
     assert rb.write_count > 3000  # the writer wrapped the ring while we sampled
 
 

@@ -240,7 +240,9 @@ class _MultiCollector(CollectorBase):
         self._reported_frames = [0] * len(specs)
         self._granted = 0  # frames granted so far: delivered + in flight
         self._granting = True
-        self._close_timeout = SHUTDOWN_TIMEOUT
+        #: When :meth:`shutdown` must have ended every worker (``time.monotonic()``); the
+        #: pool's close counts its phases against it.
+        self._close_deadline: float | None = None
         started = time.perf_counter()
         options = {"start_method": mp_start_method, **(backend_options or {})}
         self._pool: WorkerPool = make_pool(backend, specs, weights, options)
@@ -434,7 +436,11 @@ class _MultiCollector(CollectorBase):
             self._pool.restart(i)
 
     def _close(self) -> None:
-        forced = self._pool.close(self._close_timeout)
+        # What is left of shutdown()'s time once the collection thread has ended (at least
+        # 1 s, to ask, terminate and kill): the whole shutdown stays within its timeout.
+        deadline = self._close_deadline
+        left = SHUTDOWN_TIMEOUT if deadline is None else deadline - time.monotonic()
+        forced = self._pool.close(max(left, 1.0))
         if forced:
             warnings.warn(
                 f"workers {forced} were still collecting when the collector shut down and "
@@ -496,9 +502,8 @@ class _MultiCollector(CollectorBase):
                 self._pool.interrupt()  # a worker is stuck: stop waiting for it
             except RuntimeError as error:
                 failure = error
-        left = max(deadline - time.monotonic(), 1.0)
-        self._close_timeout = left
-        super().shutdown(left)
+        self._close_deadline = deadline
+        super().shutdown(max(deadline - time.monotonic(), 1.0))
         if failure is not None:
             raise failure
 

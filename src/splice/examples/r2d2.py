@@ -421,6 +421,9 @@ def train(config: R2D2Config, *, progress: Progress | None = None) -> TrainResul
     collector.start(gate=lambda: updates_due(replay.write_count) - learner.updates <= max_lag)
     try:
         while True:
+            # Read before the frames: once the collector has stopped, the frames read next
+            # are all it wrote (read after, its last batch could land in between, unseen).
+            collecting = collector.running
             frames = replay.write_count
             policy.epsilon = config.epsilon(frames)
             learner.set_learning_rate(config.learning_rate(frames))
@@ -433,7 +436,7 @@ def train(config: R2D2Config, *, progress: Progress | None = None) -> TrainResul
             elif paused:
                 collector.resume()
                 paused = False
-            elif not collector.running:
+            elif not collecting:
                 break
             else:
                 time.sleep(0.0005)
