@@ -238,7 +238,8 @@ class RolloutLoop:
         :meth:`_finalize`. Returns the next column."""
         adapter, staging, policy_step = self.adapter, self.staging, self.policy_step
         obs_cols = [staging.column(k) for k in staging.input_keys]
-        init_col = staging.arrays[(IS_INIT,)]  # [C, B] even for one env: init masks are [B]
+        init_col = staging.column((IS_INIT,))
+        batched = adapter.batched  # one env: its init mask is [True], written as a scalar
         action_col = staging.column((ACTION,))
         dead, term_col = staging.dead, staging.column(TERMINATED)
         trunc_col = staging.column(TRUNCATED)
@@ -260,7 +261,7 @@ class RolloutLoop:
         while c < stop:
             obs = adapter.obs
             if init_now is not no_init:
-                init_col[c] = init_now
+                init_col[c] = init_now if batched else True
                 for arr, value in zip(obs_cols, obs, strict=True):
                     arr[c] = value
             if use_random:

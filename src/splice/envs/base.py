@@ -232,14 +232,15 @@ class EnvAdapter(ABC):
 
     def _read_next_info(self, info: Any, c: int, check: bool) -> list[Any]:
         """Read the step's info leaves, write them at column ``c``; return them."""
-        values = self.infos.read_step(info) if not check else None
+        infos = self.infos
+        values = None if check else infos.read_step(info)
         if values is None:
-            values = self.infos.read(info, "step()", check)
-        try:
-            for arr, value in zip(self._next_info, values, strict=True):
+            values = infos.read(info, "step()", check)
+        try:  # one value per leaf (InfoReader.read)
+            for arr, value in zip(self._next_info, values):  # noqa: B905
                 arr[c] = value
         except ValueError:
-            self.infos.raise_bad_values(values, "step()")
+            infos.raise_bad_values(values, "step()")
         return values
 
     # --------------------------------------------------------------- validation

@@ -74,7 +74,10 @@ class GymEnvAdapter(EnvAdapter):
         self._truncated[c] = truncated
         if terminated or truncated:
             obs, info = self.env.reset()
-            self.obs = self._obs_values(obs) + self._read_info(info, "reset()")
+            values = self._flatten(obs)  # one env: no per-env object arrays to make
+            if self._reads_info:
+                values += self.infos.read(info, "reset()")
+            self.obs = values
             return _RESTART
         self.obs = values
         return None
