@@ -255,6 +255,8 @@ class RolloutLoop:
         # column); elsewhere they are the previous step's next values, filled in afterwards.
         first = c
         init_col[c:stop] = False
+        term_col[c:stop] = False  # an adapter may write only True flags (StepTargets)
+        trunc_col[c:stop] = False
         for arr, value in zip(obs_cols, adapter.obs, strict=True):
             arr[c] = value
         outputs: list[np.ndarray] = []

@@ -70,9 +70,9 @@ class GymEnvAdapter(EnvAdapter):
         if self._reads_info:
             values += self._read_next_info(info, c, check)
         self._reward[c] = reward
-        self._terminated[c] = terminated
-        self._truncated[c] = truncated
-        if terminated or truncated:
+        if terminated or truncated:  # the flags are False at c unless written (StepTargets)
+            self._terminated[c] = terminated
+            self._truncated[c] = truncated
             obs, info = self.env.reset()
             values = self._flatten(obs)  # one env: no per-env object arrays to make
             if self._reads_info:

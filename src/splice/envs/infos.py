@@ -262,7 +262,7 @@ class InfoReader:
             if groups and groups[-1].parents == parents and groups[-1].required == required:
                 group = groups[-1]
             else:
-                masks = [] if required and self.batched else None
+                masks: list[str] | None = [] if required and self.batched else None
                 group = _StepGroup(parents, required, [], masks, [])
                 groups.append(group)
             group.lasts.append(last)
