@@ -32,7 +32,8 @@ Examples:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import operator
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -194,7 +195,8 @@ class InfoReader:
         self._plan: list[tuple[Leaf, Key, str, bool]] = []
         #: read_step's plan (one env): plain keys when every entry is required at the top
         #: of the info dict, else groups of entries by parent dict
-        self._flat_keys: list[str] | None = None
+        self._flat_pick: Callable[[Mapping[str, Any]], Any] | None = None
+        self._flat_single = False
         self._step_groups: list[_StepGroup] | None = None
         self._step_zeros: list[Any] = []
         self._checked: list[tuple[int, Leaf]] = []
@@ -255,7 +257,9 @@ class InfoReader:
         for one env whose entries are all required at the top of the info dict)."""
         self._step_zeros = [_REQUIRED] * len(self._plan)
         if not self.batched and all(req and not parents for _, parents, _, req in self._plan):
-            self._flat_keys = [last for _, _, last, _ in self._plan]
+            keys = [last for _, _, last, _ in self._plan]
+            self._flat_pick = operator.itemgetter(*keys)  # a value, or a tuple of them
+            self._flat_single = len(keys) == 1
             return
         groups: list[_StepGroup] = []
         for i, (leaf, parents, last, required) in enumerate(self._plan):
@@ -354,10 +358,10 @@ class InfoReader:
         None where :meth:`read` must do it (non-tensor entries of a vector env, a required
         entry missing (for some env) or an optional one absent from a present parent, a parent
         that is not a dict: its error or its zero comes from :meth:`read`)."""
-        keys = self._flat_keys
-        if keys is not None:
+        pick = self._flat_pick
+        if pick is not None:
             try:
-                return [info[key] for key in keys]
+                return [pick(info)] if self._flat_single else list(pick(info))
             except (KeyError, TypeError):
                 return None
         groups = self._step_groups
