@@ -72,7 +72,10 @@ def interleaved(
 
 
 def frames_per_second(
-    runs: dict[str, tuple[Callable[[int], int], int]], *, rounds: int = 5
+    runs: dict[str, tuple[Callable[[int], int], int]],
+    *,
+    rounds: int = 5,
+    clock: Callable[[], float] = time.perf_counter,
 ) -> dict[str, float]:
     """Frames/s of every contender, timed round-robin (:func:`interleaved`).
 
@@ -80,6 +83,7 @@ def frames_per_second(
         runs: name -> ``(run, frames)``, where ``run(frames)`` collects about that many frames
             and returns how many it did.
         rounds: timed rounds (median reported).
+        clock: as for :func:`interleaved` (``time.process_time``: frames per CPU second).
     """
     done: dict[str, int] = {}
 
@@ -89,7 +93,9 @@ def frames_per_second(
 
         return call
 
-    timings = interleaved({k: contender(k, r, n) for k, (r, n) in runs.items()}, rounds=rounds)
+    timings = interleaved(
+        {k: contender(k, r, n) for k, (r, n) in runs.items()}, rounds=rounds, clock=clock
+    )
     return {k: done[k] / t.median for k, t in timings.items()}
 
 

@@ -15,7 +15,14 @@ Two tables, every contender timed round-robin in one process (``interleaved``):
    (target: plain within 10% of the hand-wrapped module); and Taxi collected with and without
    ``info_keys=["action_mask"]``.
 
-Run: ``python -m benchmarks.bench_envs [--quick]``.
+Like with like: both sides run the same env (same wrappers, e.g. Blackjack's
+``RecordEpisodeStatistics``; same ``SyncVectorEnv`` and autoreset mode), seeded alike, with
+the same random actions; the bare loop stores nothing, splice stores every step (and the
+``info_keys`` entries) and copies out batches of ``frames_per_batch``.
+
+Run: ``python -m benchmarks.bench_envs [--quick] [--cpu-time]``. ``--cpu-time`` times in CPU
+time of the process (``time.process_time``; both sides are single-threaded), which leaves out
+the time other processes take from a busy machine.
 """
 
 from __future__ import annotations
@@ -82,7 +89,10 @@ def bare(env: Any, single: bool) -> Callable[[int], int]:
 
 
 def collectors(
-    contenders: dict[str, tuple[Any, Any, dict[str, Any]]], frames: int, rounds: int
+    contenders: dict[str, tuple[Any, Any, dict[str, Any]]],
+    frames: int,
+    rounds: int,
+    clock: Callable[[], float],
 ) -> dict[str, float]:
     """Frames/s of a ``splice.Collector`` per contender ``name -> (env, policy, kwargs)``."""
     runs, made = {}, []
@@ -91,13 +101,15 @@ def collectors(
         runs[name] = (batches(iter(c), lambda b: b.numel()), frames)
         made.append(c)
     try:
-        return frames_per_second(runs, rounds=rounds)
+        return frames_per_second(runs, rounds=rounds, clock=clock)
     finally:
         for c in made:
             c.shutdown()
 
 
-def env_families(num_envs: int, frames: int, fpb: int, rounds: int) -> list[list[str]]:
+def env_families(
+    num_envs: int, frames: int, fpb: int, rounds: int, clock: Callable[[], float]
+) -> list[list[str]]:
     rows = []
     for family in ENV_ZOO:
         label = LABEL.get(family.name, family.env_id)
@@ -118,6 +130,7 @@ def env_families(num_envs: int, frames: int, fpb: int, rounds: int) -> list[list
                     "splice": (batches(iter(c), lambda b: b.numel()), todo),
                 },
                 rounds=rounds,
+                clock=clock,
             )
             c.shutdown()
             bare_env.close()
@@ -144,7 +157,9 @@ def mlp(obs_dim: int, out: int) -> torch.nn.Module:
     )
 
 
-def policy_forms(num_envs: int, frames: int, fpb: int, rounds: int) -> list[list[str]]:
+def policy_forms(
+    num_envs: int, frames: int, fpb: int, rounds: int, clock: Callable[[], float]
+) -> list[list[str]]:
     pendulum = EnvFamily("pendulum", "Pendulum-v1")
     taxi = EnvFamily("taxi", "Taxi-v4")
     rows = []
@@ -162,7 +177,10 @@ def policy_forms(num_envs: int, frames: int, fpb: int, rounds: int) -> list[list
         }
         kw = {"frames_per_batch": fpb}
         fps = collectors(
-            {k: (make_env(pendulum, n), p, kw) for k, p in policies.items()}, frames, rounds
+            {k: (make_env(pendulum, n), p, kw) for k, p in policies.items()},
+            frames,
+            rounds,
+            clock,
         )
         for name, value in fps.items():
             config = f"Pendulum, {max(n, 1)} env(s), 2x64 MLP"
@@ -180,6 +198,7 @@ def policy_forms(num_envs: int, frames: int, fpb: int, rounds: int) -> list[list
             },
             frames,
             rounds,
+            clock,
         )
         base = fps["random, no info_keys"]
         for name, value in fps.items():
@@ -190,7 +209,10 @@ def policy_forms(num_envs: int, frames: int, fpb: int, rounds: int) -> list[list
 
 
 def main() -> None:
-    args = parser(__doc__ or "").parse_args()
+    p = parser(__doc__ or "")
+    p.add_argument("--cpu-time", action="store_true", help="time in CPU time, not wall time")
+    args = p.parse_args()
+    clock = time.process_time if args.cpu_time else time.perf_counter
     torch.set_num_threads(1)
     quick = args.quick
     num_envs = 2 if quick else 8
@@ -199,12 +221,13 @@ def main() -> None:
     rounds = 1 if quick else 7
     start = time.perf_counter()
     print(f"load average: {' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
-    family_rows = env_families(num_envs, frames, fpb, rounds)
+    family_rows = env_families(num_envs, frames, fpb, rounds, clock)
     print(f"  done: env families ({time.perf_counter() - start:.0f} s)", flush=True)
-    policy_rows = policy_forms(num_envs, frames, fpb, rounds)
+    policy_rows = policy_forms(num_envs, frames, fpb, rounds, clock)
     print(f"  done: policy forms ({time.perf_counter() - start:.0f} s)", flush=True)
     print()
-    print("## Env families: collector vs a bare gymnasium loop (random actions, frames/s)")
+    unit = "frames per CPU second" if args.cpu_time else "frames/s"
+    print(f"## Env families: collector vs a bare gymnasium loop (random actions, {unit})")
     print(table(["env", "envs", "bare fps", "splice fps", "splice/bare"], family_rows))
     print()
     print("## Policy forms and info_keys (frames/s; ratio: plain module / row, or row / base)")

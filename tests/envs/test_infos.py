@@ -314,3 +314,54 @@ def test_infos_line_up_with_observations(
     )
     for batch in batches:
         check_counting_infos(batch)
+
+
+@given(
+    a=st.booleans(),
+    ep=st.one_of(st.none(), st.sets(st.sampled_from(["r", "l"]))),
+    s=st.one_of(st.none(), st.booleans()),
+    check=st.booleans(),
+)
+@settings(max_examples=60, deadline=None)
+def test_reader_fast_path_matches_the_rule(
+    a: bool, ep: set[str] | None, s: bool | None, check: bool
+) -> None:
+    """One env, required and optional entries, top level and nested, each present or absent:
+    the values read are the entries themselves, zero for an absent optional one, and a missing
+    required one is an error naming it (the step path reads entries grouped by parent dict)."""
+    from splice.envs.infos import InfoReader, parse_info_keys
+
+    keys = {
+        "a": None,
+        "ep": spaces.Dict(
+            r=spaces.Box(-np.inf, np.inf, (), np.float64), l=spaces.Box(0, 9, (), np.int64)
+        ),
+        ("s", "x"): None,
+    }
+    reader = InfoReader(parse_info_keys(keys), num_envs=1, batched=False)
+    reader.discover({"a": np.ones(2, np.float32), "s": {"x": 3}})
+    info: dict[str, Any] = {}
+    if a:
+        info["a"] = np.full(2, 5.0, np.float32)
+    if ep is not None:
+        info["ep"] = {k: {"r": 1.5, "l": 4}[k] for k in ep}
+    if s is not None:
+        info["s"] = {"x": 7} if s else {}
+    step = reader.read_step(info)
+    if not a or not s:
+        with pytest.raises(EnvError, match=r"info key ('a'|\('s', 'x'\)) is missing"):
+            reader.read(info, "step()", check)
+        assert step is None
+        return
+    values = reader.read(info, "step()", check)
+    present = {"a": [5.0, 5.0], "l": 4, "r": 1.5, "x": 7}
+    expected = [
+        present[leaf.key[-1]] if leaf.key[0] != "ep" or leaf.key[-1] in (ep or ()) else 0
+        for leaf in reader.leaves
+    ]
+    assert [leaf.key[-1] for leaf in reader.leaves] in (["a", "l", "r", "x"], ["a", "r", "l", "x"])
+    assert [np.asarray(v).tolist() for v in values] == expected
+    if ep is None or ep == {"r", "l"}:  # the parent dict absent, or every entry in it
+        assert step is not None
+    if step is not None:
+        assert [np.asarray(v).tolist() for v in step] == [np.asarray(v).tolist() for v in values]

@@ -380,9 +380,7 @@ class Staging:
         every array, as ``[*shape, ...]`` per key (``prod(shape) == len(flat)``); ``extra``
         maps more keys to ``(per-step shape, dtype)``: uninitialised outputs for the caller
         to fill, in the same memory block (see :class:`_Recycler`)."""
-        layout = [(k, a.shape[2:], a.dtype) for k, a in self.arrays.items()]
-        layout += [(k, tuple(f), np.dtype(d)) for k, (f, d) in (extra or {}).items()]
-        out = self._recycler.outputs(layout, shape)
+        out = self._outputs(shape, extra)
         for key, a in self.arrays.items():
             rows = a.reshape(a.shape[0] * a.shape[1], *a.shape[2:])
             # mode="clip": with mode="raise" (the default) numpy buffers `out` (a second copy);
@@ -391,13 +389,23 @@ class Staging:
             np.take(rows, flat, axis=0, out=target, mode="clip")
         return out
 
+    def _outputs(
+        self, shape: tuple[int, ...], extra: dict[Key, Any] | None
+    ) -> dict[Key, np.ndarray]:
+        """Uninitialised ``[*shape, ...]`` outputs for every array and ``extra`` key."""
+        layout = [(k, a.shape[2:], a.dtype) for k, a in self.arrays.items()]
+        layout += [(k, tuple(f), np.dtype(d)) for k, (f, d) in (extra or {}).items()]
+        return self._recycler.outputs(layout, shape)
+
     def take(self, extra: dict[Key, Any] | None = None) -> dict[Key, np.ndarray]:
         """Copy the next batch (the first ``T`` valid steps of every row) out of the columns,
         ``[B, T, ...]`` per key, and advance past it. ``extra``: as for :meth:`gather`."""
         steps, b = self.steps, self.num_envs
-        if not self.batched:  # one env, never any dead step: one slice
+        if not self.batched:  # one env, never any dead step: one slice copy per key
             first = int(self.start[0])
-            out = self.gather(np.arange(first, first + steps), (1, steps), extra)
+            out = self._outputs((1, steps), extra)
+            for key, a in self.arrays.items():
+                out[key][0] = a[first : first + steps, 0]
             self.start += steps
         else:
             span = self.span()

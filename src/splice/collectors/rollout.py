@@ -248,7 +248,8 @@ class RolloutLoop:
         :meth:`_finalize`. Returns the next column."""
         adapter, staging, policy_step = self.adapter, self.staging, self.policy_step
         obs_cols = [staging.column(k) for k in staging.input_keys]
-        init_col = staging.arrays[(IS_INIT,)]  # [C, B] even for one env: init masks are [B]
+        init_col = staging.column((IS_INIT,))
+        batched = adapter.batched  # one env: its init mask is [True], written as a scalar
         action_col = staging.column((ACTION,))
         dead, term_col = staging.dead, staging.column(TERMINATED)
         trunc_col = staging.column(TRUNCATED)
@@ -264,13 +265,15 @@ class RolloutLoop:
         # column); elsewhere they are the previous step's next values, filled in afterwards.
         first = c
         init_col[c:stop] = False
+        term_col[c:stop] = False  # an adapter may write only True flags (StepTargets)
+        trunc_col[c:stop] = False
         for arr, value in zip(obs_cols, adapter.obs, strict=True):
             arr[c] = value
         outputs: list[np.ndarray] = []
         while c < stop:
             obs = adapter.obs
             if init_now is not no_init:
-                init_col[c] = init_now
+                init_col[c] = init_now if batched else True
                 for arr, value in zip(obs_cols, obs, strict=True):
                     arr[c] = value
             if use_random:

@@ -8,7 +8,8 @@ mode, the loop sees the same stream:
   an episode restarts), followed by the requested ``info`` entries that came with them;
 * ``adapter.step(action, c)`` writes, at staging column ``c``, the TRUE next observation (the
   final one at an episode's end) and the info of that step, the reward and the
-  terminated/truncated flags, and returns
+  terminated/truncated flags (the loop clears the flags of a column before handing it out, so
+  an adapter may write the True ones only), and returns
   ``None`` when no env restarted, else a bool mask ``[B]``:
 
   - for an adapter with ``dead_steps = False``: the envs whose episode ended at ``c`` and that
@@ -72,8 +73,10 @@ class StepTargets:
     Args:
         next_obs: one array per observation leaf (:attr:`EnvAdapter.obs_leaves`).
         reward: float32 ``[C, B]``.
-        terminated: bool ``[C, B]``.
-        truncated: bool ``[C, B]``.
+        terminated: bool ``[C, B]``; False at every column the collector loop hands to
+            :meth:`EnvAdapter.step` (it clears them first), so an adapter may write the True
+            flags only.
+        truncated: bool ``[C, B]``, like ``terminated``.
         next_info: one array per info leaf (:attr:`EnvAdapter.info_leaves`).
     """
 
@@ -232,14 +235,15 @@ class EnvAdapter(ABC):
 
     def _read_next_info(self, info: Any, c: int, check: bool) -> list[Any]:
         """Read the step's info leaves, write them at column ``c``; return them."""
-        values = self.infos.read_step(info) if not check else None
+        infos = self.infos
+        values = None if check else infos.read_step(info)
         if values is None:
-            values = self.infos.read(info, "step()", check)
-        try:
-            for arr, value in zip(self._next_info, values, strict=True):
+            values = infos.read(info, "step()", check)
+        try:  # one value per leaf (InfoReader.read)
+            for arr, value in zip(self._next_info, values):  # noqa: B905
                 arr[c] = value
         except ValueError:
-            self.infos.raise_bad_values(values, "step()")
+            infos.raise_bad_values(values, "step()")
         return values
 
     # --------------------------------------------------------------- validation

@@ -70,11 +70,14 @@ class GymEnvAdapter(EnvAdapter):
         if self._reads_info:
             values += self._read_next_info(info, c, check)
         self._reward[c] = reward
-        self._terminated[c] = terminated
-        self._truncated[c] = truncated
-        if terminated or truncated:
+        if terminated or truncated:  # the flags are False at c unless written (StepTargets)
+            self._terminated[c] = terminated
+            self._truncated[c] = truncated
             obs, info = self.env.reset()
-            self.obs = self._obs_values(obs) + self._read_info(info, "reset()")
+            values = self._flatten(obs)  # one env: no per-env object arrays to make
+            if self._reads_info:
+                values += self.infos.read(info, "reset()")
+            self.obs = values
             return _RESTART
         self.obs = values
         return None

@@ -32,9 +32,10 @@ Examples:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import operator
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 from gymnasium import spaces
@@ -156,6 +157,21 @@ def _lookup(info: Mapping[str, Any], key: Key) -> tuple[Any, Any]:
     return node.get(key[-1]), node.get("_" + key[-1])
 
 
+_REQUIRED = object()  # a required leaf has no zero
+
+
+class _StepGroup(NamedTuple):
+    """Consecutive leaves of an :class:`InfoReader` under one parent dict (one env)."""
+
+    parents: Key
+    required: bool
+    lasts: list[str]
+    #: a vector env's required leaves: the names of their ``_key`` masks (else None)
+    masks: list[str] | None
+    #: the values of absent optional leaves (empty when required)
+    zeros: list[Any]
+
+
 class InfoReader:
     """Reads the requested entries of an env's info dicts (one env, or ``B`` batched envs).
 
@@ -177,7 +193,13 @@ class InfoReader:
         #: Per leaf: required (True) or optional (False).
         self._required: list[bool] = []
         self._plan: list[tuple[Leaf, Key, str, bool]] = []
-        self._flat_keys: list[str] | None = None
+        #: read_step's plan (one env): plain keys when every entry is required at the top
+        #: of the info dict, else groups of entries by parent dict
+        self._flat_pick: Callable[[Mapping[str, Any]], Any] | None = None
+        self._flat_single = False
+        self._step_groups: list[_StepGroup] | None = None
+        self._step_zeros: list[Any] = []
+        self._checked: list[tuple[int, Leaf]] = []
         self._zero_values: dict[Key, np.ndarray] = {}
         self.discovered = not keys
         for info_key in keys:
@@ -223,14 +245,39 @@ class InfoReader:
             (leaf, leaf.key[:-1], leaf.key[-1], req)
             for leaf, req in zip(leaves, required, strict=True)
         ]
-        # The keys of read_step's fast path: one env, every leaf a required tensor entry at
-        # the top of the info dict.
-        if not self.batched and all(
-            req and leaf.is_tensor and not parents for leaf, parents, _, req in self._plan
-        ):
-            self._flat_keys = [last for _, _, last, _ in self._plan]
+        #: (index, leaf) of the tensor leaves: the ones :meth:`read` checks
+        self._checked = [(i, leaf) for i, leaf in enumerate(leaves) if leaf.is_tensor]
+        if not self.batched or len(self._checked) == len(leaves):
+            self._plan_step()
         self.discovered = True
         return leaves
+
+    def _plan_step(self) -> None:
+        """Plan :meth:`read_step`: the leaves grouped by parent dict, in order (plain lookups
+        for one env whose entries are all required at the top of the info dict)."""
+        self._step_zeros = [_REQUIRED] * len(self._plan)
+        if not self.batched and all(req and not parents for _, parents, _, req in self._plan):
+            keys = [last for _, _, last, _ in self._plan]
+            self._flat_pick = operator.itemgetter(*keys)  # a value, or a tuple of them
+            self._flat_single = len(keys) == 1
+            return
+        groups: list[_StepGroup] = []
+        for i, (leaf, parents, last, required) in enumerate(self._plan):
+            if groups and groups[-1].parents == parents and groups[-1].required == required:
+                group = groups[-1]
+            else:
+                masks: list[str] | None = [] if required and self.batched else None
+                group = _StepGroup(parents, required, [], masks, [])
+                groups.append(group)
+            group.lasts.append(last)
+            if group.masks is not None:
+                group.masks.append("_" + last)
+            if not required:
+                zero = self._zeros(leaf)
+                zero = zero[()] if zero.ndim == 0 else zero  # a scalar writes faster
+                group.zeros.append(zero)
+                self._step_zeros[i] = zero
+        self._step_groups = groups
 
     def _leaf_of(self, key: Key, value: Any) -> Leaf:
         try:
@@ -272,6 +319,14 @@ class InfoReader:
         Raises:
             EnvError: a required entry is missing (for some env), or has the wrong shape.
         """
+        fast = self.read_step(info)
+        if fast is not None:
+            if check:
+                for i, leaf in self._checked:
+                    value = fast[i]
+                    if value is not self._step_zeros[i]:  # the zero of an absent entry fits
+                        self._check(leaf, value, what)
+            return fast
         values = []
         batched = self.batched
         for leaf, parents, last, required in self._plan:
@@ -297,17 +352,44 @@ class InfoReader:
         return values
 
     def read_step(self, info: Mapping[str, Any]) -> list[Any] | None:
-        """:meth:`read` without the shape checks, for the steps between two checked ones: the
-        values of a single env's top-level required entries (one dict lookup each), or None
-        where :meth:`read` must do it (a vector env, nested or optional entries, a missing
-        entry: its error comes from :meth:`read`)."""
-        keys = self._flat_keys
-        if keys is None:
+        """:meth:`read` without the shape checks, for the steps between two checked ones: one
+        dict lookup per entry, and one per parent dict of nested entries (an absent parent
+        gives zeros for its optional entries at once), no exception where entries are absent.
+        None where :meth:`read` must do it (non-tensor entries of a vector env, a required
+        entry missing (for some env) or an optional one absent from a present parent, a parent
+        that is not a dict: its error or its zero comes from :meth:`read`)."""
+        pick = self._flat_pick
+        if pick is not None:
+            try:
+                return [pick(info)] if self._flat_single else list(pick(info))
+            except (KeyError, TypeError):
+                return None
+        groups = self._step_groups
+        if groups is None:
             return None
+        values: list[Any] = []
         try:
-            return [info[key] for key in keys]
-        except (KeyError, TypeError):
+            for parents, required, lasts, masks, zeros in groups:
+                node: Any = info
+                for part in parents:
+                    node = node.get(part)
+                    if node is None:
+                        break
+                if node is None:
+                    if required:
+                        return None
+                    values += zeros
+                    continue
+                for last in lasts:
+                    values.append(node[last])
+                if masks is not None:  # every env must have a required entry
+                    for name in masks:
+                        mask = node.get(name)
+                        if mask is not None and not mask.all():
+                            return None
+        except (KeyError, TypeError, AttributeError, IndexError):
             return None
+        return values
 
     def raise_bad_values(self, values: list[Any], what: str) -> None:
         """Raise the :class:`EnvError` that names the entry of ``values`` (from :meth:`read`)
