@@ -234,14 +234,7 @@ class Storage:
         return [(key[1:], key) for key in entries if key[0] == NEXT and key[1:] in wanted]
 
     def _new_column(self, index: int, dtype: torch.dtype, shape: tuple[int, ...]) -> Tensor:
-        size = (self.max_size, *shape)
-        like = numpy_view(torch.empty(0, dtype=dtype)) if self.device.type == "cpu" else None
-        if like is not None:
-            # Allocated by numpy, which asks Linux for transparent huge pages on arrays of 4 MiB
-            # and more (torch's allocator does not): a sample reads a few hundred random rows
-            # of every column, and with 2 MiB pages far fewer of them miss the TLB.
-            return torch.from_numpy(np.empty(size, dtype=like.dtype))
-        return torch.empty(size, dtype=dtype, device=self.device)
+        return torch.empty((self.max_size, *shape), dtype=dtype, device=self.device)
 
     def _new_shared(
         self, index: int, obs_key: Key, next_key: Key, dtype: torch.dtype, shape: tuple[int, ...]
