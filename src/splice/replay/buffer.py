@@ -404,7 +404,9 @@ class ReplayBuffer:
             columns = self.storage.gather(rows)
             objects = self.storage.gather_objects(rows)
             kind = self._kind
-        data, info = _output.build(columns, draw, plan, marks, shaped=shaped, objects=objects)
+        data, info = _output.build(
+            columns, draw, plan, marks, shaped=shaped, objects=objects, read=rows
+        )
         out = data if kind is None else from_tensordict(data, kind)
         return (out, info) if return_info else out
 
