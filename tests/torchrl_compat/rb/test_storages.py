@@ -371,7 +371,10 @@ time.sleep(60)  # Will be interrupted
 
             # Send SIGINT (Ctrl+C)
             proc.send_signal(signal.SIGINT)
-            proc.wait(timeout=5)
+            # Port: 5 s in TorchRL. The interpreter's teardown after the KeyboardInterrupt
+            # (torch + tensordict, ~2,100 modules) takes 1.0-1.4 s on an idle 2-core machine
+            # and passed 5 s once under load; the test is about the cleanup, not its speed.
+            proc.wait(timeout=60)
 
             # Directory should have been cleaned up
             assert not os.path.exists(scratch_dir), (
