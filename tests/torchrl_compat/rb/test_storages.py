@@ -331,8 +331,13 @@ print("Storage created")
         scratch_dir = str(tmpdir / "signal_storage")
 
         # Create a script that sleeps and can be interrupted
+        # Port: the script first takes Ctrl+C as a terminal's child would. A child inherits its
+        # parent's signal mask and ignored signals, and in the whole suite's pytest process
+        # SIGINT can be blocked or ignored by then (the interrupted script then slept 60 s).
         script = f"""
 import signal
+signal.pthread_sigmask(signal.SIG_UNBLOCK, {{signal.SIGINT}})
+signal.signal(signal.SIGINT, signal.default_int_handler)
 import time
 import torch
 from tensordict import TensorDict
