@@ -286,7 +286,7 @@ class ReplayBuffer:
         self.storage.stage(after)
         self.storage.begin_write(rows)
         self.storage.write(int(rows[0]), written, objects)
-        report = self._index.write(plan.keys, plan.run_start)
+        report = self._index.write_plan(plan)
         bounds.commit(open_keys, next_key)  # the same object a staged batch saw: no restage
         self._bounds = bounds
         self._kind = kind
