@@ -309,10 +309,12 @@ class ReplayBuffer:
             objects = {k: v[n - capacity :] for k, v in objects.items()}
         written = _on_device(written, self.storage.device)
         rows = self._index.rows_for_write(n)
-        after_bounds = Boundaries(bounds.mode, bounds.key, open_keys, next_key)
         wc = self._index.write_count + n
         after = CommitState(
-            wc, max(self._index.lo, wc - capacity), after_bounds.to_json(), kind.value
+            wc,
+            max(self._index.lo, wc - capacity),
+            bounds.json_with(open_keys, next_key),
+            kind.value,
         )
         # Everything is validated. A full disk fails in allocate or stage, before anything
         # changed; from there on the write cannot fail half-way.
