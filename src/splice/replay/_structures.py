@@ -213,6 +213,16 @@ class KeyMap:
         out[self.keys[pos] != q] = -1
         return out
 
+    def lookup_one(self, key: int) -> int:
+        """The value of one key (-1 when absent)."""
+        pos = int(self.keys[: self.n].searchsorted(key))  # the sentinel answers -1
+        return int(self.vals[pos]) if self.keys[pos] == key else -1
+
+    def above_all(self, key: int | np.integer) -> bool:
+        """Whether ``key`` is larger than every stored key (tombstones included): then it
+        and every larger key are absent."""
+        return self.n == 0 or bool(key > self.keys[self.n - 1])
+
     def last_key(self) -> int | None:
         """The largest stored key (tombstones included), None when empty."""
         return int(self.keys[self.n - 1]) if self.n else None

@@ -438,7 +438,16 @@ class ReplayIndex:
         run_start, run_len, run_keys = runs.start, runs.length, runs.keys
         R = run_start.size
         T = self.traj.data
-        slot = self.keys.lookup(run_keys)
+        km = self.keys
+        tail = -1  # runs [tail:] are new trajectories (-1: look every run up)
+        if runs.increasing and R > 1 and km.above_all(run_keys[1]):
+            # One env's stream (the common case): keys grow, so every run but the first is
+            # a trajectory never seen; only the first is looked up.
+            slot = np.full(R, -1, dtype=I64)
+            slot[0] = km.lookup_one(int(run_keys[0]))
+            tail = 0 if slot[0] < 0 else 1
+        else:
+            slot = km.lookup(run_keys)
         # Read before new slots are allocated: a new trajectory (slot -1) reads the pool's
         # scratch column, which holds a new trajectory's fields (no last step, row or
         # segment).
@@ -449,12 +458,18 @@ class ReplayIndex:
         # other run ends the previous run, another trajectory's.
         merge = int(T[_LAST_ROW][slot[0]]) == a0 - 1
         start_row = run_start + a0
-        new = slot < 0
-        if np.count_nonzero(new):
-            fresh = self._new_slots(run_keys[new], increasing=runs.increasing)
-            slot[new] = fresh
+        if tail >= 0:
+            fresh = self._new_slots(run_keys[tail:], increasing=True)
+            slot[tail:] = fresh
             T = self.traj.data  # the pool may have grown
-            T[_FIRST_ROW][fresh] = start_row[new]
+            T[_FIRST_ROW][fresh] = start_row[tail:]
+        else:
+            new = slot < 0
+            if np.count_nonzero(new):
+                fresh = self._new_slots(run_keys[new], increasing=runs.increasing)
+                slot[new] = fresh
+                T = self.traj.data  # the pool may have grown
+                T[_FIRST_ROW][fresh] = start_row[new]
         end_row = start_row + run_len
         end_row -= 1
         # A new segment per run but a merged first one, linked after its trajectory's last
