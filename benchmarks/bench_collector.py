@@ -17,7 +17,9 @@ Frames/s are wall-clock medians; on a machine shared with other work they are al
 second of this process's CPU time (``time.process_time``; every contender runs in this
 process, torch on one thread), which preemption does not distort: the ``(CPU)`` ratios.
 
-Run: ``python -m benchmarks.bench_collector [--quick]``.
+Run: ``python -m benchmarks.bench_collector [--quick] [--envs 1 8 1024]``; ``--envs`` runs only
+the configurations with those numbers of envs (e.g. ``--envs 1024`` for the vector entry
+point's rows alone), ``--policies`` only those policies (``random``, ``mlp``).
 """
 
 from __future__ import annotations
@@ -216,7 +218,23 @@ def measure(
 
 
 def main() -> None:
-    args = parser(__doc__ or "").parse_args()
+    cli = parser(__doc__ or "")
+    cli.add_argument(
+        "--envs",
+        type=int,
+        nargs="+",
+        choices=(1, 8, 1024),
+        default=(1, 8, 1024),
+        help="run only the configurations with these numbers of envs",
+    )
+    cli.add_argument(
+        "--policies",
+        nargs="+",
+        choices=("random", "mlp"),
+        default=("random", "mlp"),
+        help="run only these policies",
+    )
+    args = cli.parse_args()
     torch.set_num_threads(1)
     quick = args.quick
     configs = [
@@ -235,11 +253,12 @@ def main() -> None:
             trajs=200 if quick else 2000,
         ),
     ]
+    configs = [c for c in configs if max(c.num_envs, 1) in args.envs]
     rows = []
     print(f"start: {load()}", flush=True)
     start = time.perf_counter()
     for config in configs:
-        for policy_name in ("random", "mlp"):
+        for policy_name in args.policies:
             big = config.num_envs >= 1024
             frames = config.fpb * (1 if quick else (4 if big else 20))
             rows.append(
