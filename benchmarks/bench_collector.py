@@ -17,7 +17,17 @@ Frames/s are wall-clock medians; on a machine shared with other work they are al
 second of this process's CPU time (``time.process_time``; every contender runs in this
 process, torch on one thread), which preemption does not distort: the ``(CPU)`` ratios.
 
-Run: ``python -m benchmarks.bench_collector [--quick]``.
+A second table (with the 1024-env rows) prices the staging layouts for 1024 envs: the per-step
+writes of one vector step's values (CartPole's observation as gymnasium returns it, reward,
+flags, action) into time-major staging ``[C, B]`` (what splice does), into an env-major block
+``[B, C]`` at one column for every row, and into an env-major block with a write cursor per
+row (what a block that *becomes* the ``[B, T]`` batch needs, since NEXT_STEP's dead steps
+shift rows apart); and the per-batch copy-out of a ``[B, T]`` batch (``np.take`` per key, the
+rows' first columns a few apart) from either layout.
+
+Run: ``python -m benchmarks.bench_collector [--quick] [--envs 1 8 1024]``; ``--envs`` runs only
+the configurations with those numbers of envs (e.g. ``--envs 1024`` for the vector entry
+point's rows alone), ``--policies`` only those policies (``random``, ``mlp``).
 """
 
 from __future__ import annotations
@@ -157,6 +167,112 @@ def torchrl_runner(
     return batches(iter(collector), lambda b: b.numel()), collector
 
 
+# ------------------------------------------------------------ staging layouts
+def staging_layouts(quick: bool) -> None:
+    """Print per-step write and per-batch copy-out costs of the staging layouts (docstring)."""
+    b, steps = 1024, 50
+    cols = steps + 12
+    env = gym.make_vec("CartPole-v1", num_envs=b, vectorization_mode="vector_entry_point")
+    env.reset(seed=0)
+    obs, reward, terminated, truncated, _ = env.step(env.action_space.sample())
+    values = {
+        # splice's entering observation is the previous step's, read back from staging
+        # (C-ordered); the next observation is gymnasium's (Fortran-ordered: its transpose)
+        "observation": np.ascontiguousarray(obs),
+        "next observation": obs,
+        "reward": reward,
+        "terminated": terminated,
+        "truncated": truncated,
+        "is_init": terminated,
+        "action": env.action_space.sample(),
+    }
+    env.close()
+    time_major = {k: np.zeros((cols, b, *v.shape[1:]), v.dtype) for k, v in values.items()}
+    env_major = {k: np.zeros((b, cols, *v.shape[1:]), v.dtype) for k, v in values.items()}
+    rows = np.arange(b)
+    first = np.random.default_rng(0).integers(0, 4, b)  # each row's first column of the batch
+    cursor = first + 10
+
+    def write_time_major() -> None:
+        for key, value in values.items():
+            time_major[key][10] = value
+
+    def write_env_major() -> None:
+        for key, value in values.items():
+            env_major[key][:, 10] = value
+
+    def write_cursors() -> None:
+        for key, value in values.items():
+            env_major[key][rows, cursor] = value
+
+    t = np.arange(steps)
+    flat_tm = ((first[:, None] + t) * b + rows[:, None]).reshape(-1)
+    flat_em = (rows[:, None] * cols + first[:, None] + t).reshape(-1)
+    outs = {k: np.empty((b * steps, *v.shape[1:]), v.dtype) for k, v in values.items()}
+
+    def gather(arrays: dict[str, np.ndarray], flat: np.ndarray) -> Callable[[], None]:
+        def run() -> None:
+            for key, a in arrays.items():
+                rows_of = a.reshape(cols * b, *a.shape[2:])
+                np.take(rows_of, flat, axis=0, out=outs[key], mode="clip")
+
+        return run
+
+    repeats = 3 if quick else 15
+    calls = 20 if quick else 200
+
+    def per_call(fn: Callable[[], None]) -> float:
+        best = []
+        for _ in range(repeats):
+            start = time.process_time()
+            for _ in range(calls):
+                fn()
+            best.append((time.process_time() - start) / calls)
+        return statistics.median(best)
+
+    vector_steps = 52.5  # 50 valid steps and NEXT_STEP's dead steps (CartPole, random actions)
+    layouts = [
+        (
+            "time-major [C, B] (splice)",
+            per_call(write_time_major),
+            per_call(gather(time_major, flat_tm)),
+        ),
+        (
+            "env-major [B, C], one column for all rows",
+            per_call(write_env_major),
+            per_call(gather(env_major, flat_em)),
+        ),
+        (
+            "env-major [B, C], a write cursor per row (becomes the batch)",
+            per_call(write_cursors),
+            0.0,
+        ),
+    ]
+    rows_out = [
+        [
+            name,
+            f"{write * 1e6:.1f}",
+            f"{write * vector_steps * 1e3:.2f}",
+            f"{copy * 1e3:.2f}",
+            f"{(write * vector_steps + copy) * 1e3:.2f}",
+        ]
+        for name, write, copy in layouts
+    ]
+    print()
+    print(
+        f"Staging layouts at {b} envs, T = {steps} ({len(values)} keys; CPU time, medians): "
+        "per-step writes and the copy-out of one batch"
+    )
+    headers = [
+        "layout",
+        "writes per vector step (us)",
+        f"writes per batch (ms, {vector_steps} steps)",
+        "copy-out per batch (ms)",
+        "total per batch (ms)",
+    ]
+    print(table(headers, rows_out))
+
+
 # ---------------------------------------------------------------------- main
 def measure(
     config: Config, policy_name: str, *, frames: int, torchrl_frames: int, rounds: int
@@ -216,7 +332,23 @@ def measure(
 
 
 def main() -> None:
-    args = parser(__doc__ or "").parse_args()
+    cli = parser(__doc__ or "")
+    cli.add_argument(
+        "--envs",
+        type=int,
+        nargs="+",
+        choices=(1, 8, 1024),
+        default=(1, 8, 1024),
+        help="run only the configurations with these numbers of envs",
+    )
+    cli.add_argument(
+        "--policies",
+        nargs="+",
+        choices=("random", "mlp"),
+        default=("random", "mlp"),
+        help="run only these policies",
+    )
+    args = cli.parse_args()
     torch.set_num_threads(1)
     quick = args.quick
     configs = [
@@ -235,11 +367,12 @@ def main() -> None:
             trajs=200 if quick else 2000,
         ),
     ]
+    configs = [c for c in configs if max(c.num_envs, 1) in args.envs]
     rows = []
     print(f"start: {load()}", flush=True)
     start = time.perf_counter()
     for config in configs:
-        for policy_name in ("random", "mlp"):
+        for policy_name in args.policies:
             big = config.num_envs >= 1024
             frames = config.fpb * (1 if quick else (4 if big else 20))
             rows.append(
@@ -274,6 +407,8 @@ def main() -> None:
     print()
     print("CartPole-v1 frames/s (median of round-robin runs; tpb = trajs_per_batch, 'cat')")
     print(table(headers, rows))
+    if 1024 in args.envs:
+        staging_layouts(quick)
 
 
 if __name__ == "__main__":

@@ -31,6 +31,17 @@ def test_bench_collector_quick() -> None:
     assert any("1024 envs" in line and "n/a" in line for line in table)  # TorchRL cannot run it
 
 
+def test_bench_collector_quick_subset() -> None:
+    """``--envs``/``--policies`` run only those rows; the 1024-env rows bring the staging-layout
+    table."""
+    lines = run_quick("bench_collector", "--envs", "1024", "--policies", "random")
+    rows = [line for line in lines if line.startswith("| ") and "envs" in line and "random" in line]
+    assert len(rows) == 1 and rows[0].startswith("| 1024 envs")
+    assert not any(line.startswith("| 1 env ") or "mlp" in line for line in lines)
+    assert any(line.startswith("| time-major [C, B] (splice)") for line in lines)
+    assert any("a write cursor per row" in line for line in lines)
+
+
 def test_bench_trajectories_quick() -> None:
     lines = run_quick("bench_trajectories")
     for section in ("## split_trajectories", "## Peak extra memory", "## cat_trajectories"):

@@ -189,22 +189,24 @@ class StagedEpisodes:
             time, as :class:`~splice.collectors._episodes.EpisodeTracker`), if ``stats``.
         """
         st = self.staging
-        b, base = st.num_envs, st.base
-        start, stop = span.start, span.stop
-        lo, hi = int(start.min()), int(stop.max())
-        arrays = st.arrays
-        ended = arrays[TERMINATED][lo:hi] | arrays[TRUNCATED][lo:hi]
-        s_row, s_col = self._events(arrays[(IS_INIT,)][lo:hi], lo, span)
-        e_row, e_col = self._events(ended, lo, span)
+        b, base, steps = st.num_envs, st.base, st.steps
+        # The batch's steps env-major (row b's T steps, then row b + 1's ...): a step's
+        # position in it gives its row and time step, and sorts by row then time, so the
+        # episode starts and ends are found without looking at staging's dead steps again.
+        flat = span.flat(b)
+        init = st.arrays[(IS_INIT,)].reshape(-1).take(flat)
+        ended = st.arrays[TERMINATED].reshape(-1).take(flat)
+        ended |= st.arrays[TRUNCATED].reshape(-1).take(flat)
+        s_pos, e_pos = np.flatnonzero(init), np.flatnonzero(ended)
+        s_row, s_t = np.divmod(s_pos, steps)
+        e_row, e_t = np.divmod(e_pos, steps)
+        s_col, e_col = flat[s_pos] // b, flat[e_pos] // b  # physical columns
         # Fresh ids in order of (time step, env row), as for the plain batches.
-        s_t = span.time_of(s_row, s_col)
-        issue = stable_order(s_t, st.steps)
+        issue = stable_order(s_t, steps)
         s_id = np.empty(s_row.size, np.int64)
         s_id[issue] = self.ids.take(s_row.size)
         # Each end closes the latest start before it in its row, or the episode in flight.
-        width = st.capacity + 1
-        s_key = s_row * width + s_col
-        match = np.searchsorted(s_key, e_row * width + e_col, side="right") - 1
+        match = np.searchsorted(s_pos, e_pos, side="right") - 1
         own = match >= 0
         own[own] = s_row[match[own]] == e_row[own]
         e_first, e_id = self._flight_first[e_row], self._flight_id[e_row]  # fresh arrays
@@ -215,7 +217,7 @@ class StagedEpisodes:
             raise RuntimeError("an episode ended whose start was never seen (restart the loop)")
         e_length = e_col + base - e_first + 1
         # Episodes complete in order of (time step, env row).
-        order = stable_order(span.time_of(e_row, e_col), st.steps)
+        order = stable_order(e_t, steps)
         done = _Runs(row=e_row, first=e_first, length=e_length, id=e_id, batch=e_batch)
         self._complete = self._complete.concat(done.select(order))
         # What is in flight now: the starts no end closed (the last start of their row).
@@ -226,7 +228,7 @@ class StagedEpisodes:
         self._flight_id[rows] = s_id[open_start]
         self._flight_first[rows] = s_col[open_start] + base
         self._flight_batch[rows] = self._batches
-        self._stop = stop + base
+        self._stop = span.stop + base
         self._batches += 1
         self._keep()
         if not stats:
@@ -234,22 +236,10 @@ class StagedEpisodes:
         if not e_length.size:
             return EpisodeStats()
         reward = st.column(REWARD).reshape(-1)  # [C * B] (or [C] for one env)
-        steps = np.take(reward, runs_flat(e_row, e_first - base, e_length, b))
+        rewards = np.take(reward, runs_flat(e_row, e_first - base, e_length, b))
         offsets = np.cumsum(e_length) - e_length
-        returns = np.add.reduceat(steps.astype(np.float64), offsets)
+        returns = np.add.reduceat(rewards.astype(np.float64), offsets)
         return EpisodeStats(returns=returns, lengths=e_length)
-
-    def _events(self, flags: np.ndarray, lo: int, span: Span) -> tuple[np.ndarray, np.ndarray]:
-        """The valid steps inside the span where ``flags`` (``[w, B]`` from column ``lo``)
-        is set, as ``(row, column)`` sorted by row then column."""
-        b = self.staging.num_envs
-        col, row = np.divmod(np.flatnonzero(flags), b)
-        col += lo
-        inside = (col >= span.start[row]) & (col < span.stop[row])
-        inside &= ~self.staging.dead[col, row]
-        row, col = row[inside], col[inside]
-        order = stable_order(row, b)
-        return row[order], col[order]
 
     # -------------------------------------------------------------------- output
     def emit(self, n: int | None = None, traj_format: TrajFormat = "padded") -> TensorDict:

@@ -112,18 +112,6 @@ class Span:
         """The flat staging position of every step, env-major (``[B * T]``)."""
         return runs_flat(self.run_row, self.run_first, self.run_length, num_envs)
 
-    def time_of(self, row: np.ndarray, col: np.ndarray) -> np.ndarray:
-        """The time index within the batch (``0 <= t < T``) of valid steps ``(row, col)``
-        inside the span."""
-        if row.size == 0:
-            return np.zeros(0, np.int64)
-        width = int(self.stop.max()) + 1
-        keys = self.run_row * width + self.run_first
-        run = np.searchsorted(keys, row * width + col, side="right") - 1
-        offset = np.cumsum(self.run_length) - self.run_length
-        steps = int(self.run_length.sum()) // max(len(self.start), 1)
-        return offset[run] - row * steps + (col - self.run_first[run])
-
 
 class Staging:
     """Time-major staging arrays ``[C, B, ...]`` for ``B`` envs and ``T = steps`` per batch.
