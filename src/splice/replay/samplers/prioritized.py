@@ -181,8 +181,7 @@ class PrioritizedSampler(Sampler):
             raise self.empty_error()
         if self._tree.total() <= 0:
             raise RuntimeError("every stored step has priority 0: nothing can be drawn")
-        rows = self._tree.sample(batch_size, self.random)
-        weight = self._tree.get(rows)
+        rows, weight = self._tree.draw(batch_size, self.random)
         weight /= self._tree.min()
         return Draw(rows=rows, weight=np.power(weight, -self.beta, out=weight))
 
