@@ -472,8 +472,9 @@ class SumTree:
                 most = self.maxs[depth - 1].reshape(-1, F).take(blocks, 0)
             self.mins[depth][blocks] = _least_positive(least)
             self.maxs[depth][blocks] = torch.amax(torch.from_numpy(most), dim=1).numpy()
-            blocks //= F
-            blocks = blocks[run_starts(blocks)]
+            if depth + 1 < len(self.prefix):  # (the top has no blocks above it)
+                blocks //= F
+                blocks = blocks[run_starts(blocks)]
         self._cum = self._min = self._peak = self._leaf_peak = None
 
     def get(self, idx: np.ndarray) -> np.ndarray:
