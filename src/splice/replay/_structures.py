@@ -372,25 +372,28 @@ class DenseSet:
 class SumTree:
     """Non-negative float64 weights, their sum, minimum and batched proportional draws.
 
-    Built for prioritised sampling: :meth:`sample` draws leaves in proportion to their
-    weight, :meth:`find` maps given uniform masses in ``[0, total)`` to leaves. Leaves are
-    grouped in blocks of ``FANOUT``; each block keeps the running sums of its children
-    (``prefix``), and the block sums are the weights of the level above, until a level has
-    at most ``TOP`` blocks (a million leaves make one level of 31,250 blocks). A draw picks
+    Built for prioritised sampling: :meth:`draw` (and :meth:`sample`) draws leaves in
+    proportion to their weight, :meth:`find` maps given uniform masses in ``[0, total)`` to
+    leaves. Leaves are grouped in blocks of ``FANOUT``; each block keeps the running sums of
+    its children (``prefix``), and the block sums are the weights of the level above, until a
+    level has at most ``TOP`` blocks (a million leaves make one level of 31,250 blocks). When
+    the leaves' weights are within a few times of each other, a draw picks leaves directly
+    by rejection against the heaviest leaf (no descent: see :meth:`draw`). Otherwise it picks
     top nodes (by rejection when their weights are close, else by searching the running sum
-    of the top: see :meth:`sample`), then, per level, gathers each query's block of running
-    sums as one row and picks the first child whose running sum exceeds what is left of the
-    query (the number of running sums at or below it, counted bytewise: see
-    :func:`_count_per_row`): a handful of whole-array numpy calls per level, no Python loop
-    over queries. Zero-weight leaves are never drawn.
+    of the top), then, per level, gathers each query's block of running sums as one row and
+    picks the first child whose running sum exceeds what is left of the query (the number of
+    running sums at or below it, counted bytewise: see :func:`_count_per_row`): a handful of
+    whole-array numpy calls per level, no Python loop over queries. Zero-weight leaves are
+    never drawn.
 
-    :meth:`set` recomputes the running sums (and positive minima) of the changed blocks at
-    every level: O(k * FANOUT) per level for k leaves. A block's running sums depend on its
-    own children only (a ``cumsum`` along each block), so the tree is the same bits however
-    its leaves were set: a restored tree draws exactly as the saved one, and a light leaf
-    next to a block of heavy ones keeps its weight. (A flat ``cumsum`` over all changed
-    blocks minus each block's start lost every leaf lighter than about 1e-16 times the
-    blocks changed with it, and rounded differently after a restore; it was also slower.)
+    :meth:`set` recomputes the running sums (and positive minima and maxima) of the changed
+    blocks at every level: O(k * FANOUT) per level for k leaves. A block's running sums
+    depend on its own children only (a ``cumsum`` along each block), so the tree is the same
+    bits however its leaves were set: a restored tree draws exactly as the saved one, and a
+    light leaf next to a block of heavy ones keeps its weight. (A flat ``cumsum`` over all
+    changed blocks minus each block's start lost every leaf lighter than about 1e-16 times
+    the blocks changed with it, and rounded differently after a restore; it was also
+    slower.)
 
     Examples:
         >>> t = SumTree(40)
@@ -462,16 +465,17 @@ class SumTree:
             # Each block from 0, from its leaves only. (torch's ``cumsum`` along the rows adds
             # left to right as numpy's does, to the same bits, in a quarter of the time on a
             # few hundred short rows; so does ``amax`` against numpy's ``max``.)
-            running = torch.cumsum(torch.from_numpy(rows), dim=1).numpy()
+            leaves = torch.from_numpy(rows)  # (one tensor for the three reductions)
+            running = torch.cumsum(leaves, dim=1).numpy()
             prefix[blocks] = running
             self.weights[depth + 1][blocks] = running[:, -1]
             if depth == 0:
-                least, most = rows, rows
+                least, most = rows, leaves
             else:
                 least = self.mins[depth - 1].reshape(-1, F).take(blocks, 0)
-                most = self.maxs[depth - 1].reshape(-1, F).take(blocks, 0)
-            self.mins[depth][blocks] = _least_positive(least)
-            self.maxs[depth][blocks] = torch.amax(torch.from_numpy(most), dim=1).numpy()
+                most = torch.from_numpy(self.maxs[depth - 1].reshape(-1, F).take(blocks, 0))
+            self.mins[depth][blocks] = _least_positive(least, leaves if depth == 0 else None)
+            self.maxs[depth][blocks] = torch.amax(most, dim=1).numpy()
             if depth + 1 < len(self.prefix):  # (the top has no blocks above it)
                 blocks //= F
                 blocks = blocks[run_starts(blocks)]
@@ -658,9 +662,10 @@ def _reject(
     return np.concatenate(picks), np.concatenate(levels), np.concatenate(kept_weights)
 
 
-def _least_positive(rows: np.ndarray) -> np.ndarray:
-    """The smallest positive value of each row of a ``[k, F]`` float64 array (inf: none)."""
-    least = torch.amin(torch.from_numpy(rows), dim=1).numpy()
+def _least_positive(rows: np.ndarray, tensor: torch.Tensor | None = None) -> np.ndarray:
+    """The smallest positive value of each row of a ``[k, F]`` float64 array (inf: none).
+    ``tensor``: ``rows`` as a tensor, when the caller has it."""
+    least = torch.amin(torch.from_numpy(rows) if tensor is None else tensor, dim=1).numpy()
     if not least.all():  # rows with a 0 (empty rows of the storage, or zero weights)
         some = least == 0
         zero_rows = rows[some]
