@@ -500,7 +500,72 @@ def bench_prioritized(capacity: int, chunks: list[TensorDict], rounds: int) -> l
     return out
 
 
-SECTIONS = ("extend", "sample", "loop", "prioritized", "concurrent")
+def bench_extend_phases(capacity: int, chunks: list[TensorDict]) -> list[list[object]]:
+    """Where an extend's time goes: fill a fresh buffer (``SliceSampler``, flat and
+    ``[8, 125]`` batches) with a thread-CPU timer around each phase, by wrapping the
+    buffer's own steps for the duration (a diagnostic: the wrappers add about 1 us per
+    phase). Outside the lock: "check + flatten" (the batch's signature or the checked path)
+    and "keys + plan" (trajectory keys, runs); under it: "copy" (the storage's column
+    copies), "index" (``ReplayIndex.write_plan``), "sampler" (``on_write``), and the rest
+    ("bookkeeping": commit state, returned rows, lock). The raw numpy copy of the same
+    batches, per batch, is measured in the same run."""
+    from splice.replay import buffer as buffer_module
+    from splice.replay.index import ReplayIndex
+
+    clock = time.thread_time_ns
+    spent: dict[str, int] = {}
+    patches = [
+        (buffer_module.ReplayBuffer, "extend", "total"),
+        (buffer_module.ReplayBuffer, "_stage", "outside the lock"),
+        (buffer_module, "_layout", "keys + plan"),
+        (LazyTensorStorage, "write", "copy"),
+        (ReplayIndex, "write_plan", "index"),
+        (SliceSampler, "on_write", "sampler"),
+    ]
+    originals = [(owner, name, owner.__dict__.get(name)) for owner, name, _ in patches]
+
+    def timed(fn: Callable[..., object], label: str) -> Callable[..., object]:
+        def run(*args: object, **kwargs: object) -> object:
+            start = clock()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                spent[label] = spent.get(label, 0) + clock() - start
+
+        return run
+
+    rows = []
+    try:
+        for owner, name, label in patches:
+            setattr(owner, name, timed(getattr(owner, name), label))
+        for layout, data in (("flat", chunks), ("[8, 125]", [c.reshape(8, 125) for c in chunks])):
+            rb = splice_buffer(capacity, SliceSampler(slice_len=SLICE_LEN))
+            rb.extend(data[0])  # the first write allocates; not counted
+            spent.clear()
+            for chunk in data[1:]:
+                rb.extend(chunk)
+            per = {k: v / (len(data) - 1) / 1e3 for k, v in spent.items()}
+            per["check + flatten"] = per["outside the lock"] - per["keys + plan"]
+            parts = ("copy", "index", "sampler")
+            per["bookkeeping"] = per["total"] - per["outside the lock"] - sum(per[k] for k in parts)
+            order = ("check + flatten", "keys + plan", "copy", "index", "sampler", "bookkeeping")
+            rows.append([layout, *(f"{per[k]:.0f}" for k in order), f"{per['total']:.0f}"])
+    finally:
+        for owner, name, fn in originals:
+            if fn is None:  # inherited: drop the wrapper
+                delattr(owner, name)
+            else:
+                setattr(owner, name, fn)
+    store = RawStore(capacity, chunks[0])
+    start = clock()
+    for chunk in chunks:
+        store.extend_numpy(chunk)
+    raw = (clock() - start) / len(chunks) / 1e3
+    rows.append(["raw numpy copy", "", "", f"{raw:.0f}", "", "", "", f"{raw:.0f}"])
+    return rows
+
+
+SECTIONS = ("extend", "phases", "sample", "loop", "prioritized", "concurrent")
 
 
 def main() -> None:
@@ -538,6 +603,23 @@ def main() -> None:
             table(
                 ["contender", "time", "this / TorchRL slice", "this / raw (faster copy)"],
                 bench_extend(capacity, chunks, 1 if args.quick else 3),
+            )
+        )
+    if "phases" in sections:
+        print("\n## extend: where the time goes (us of thread CPU per extend of 1,000)\n")
+        print(
+            table(
+                [
+                    "batches",
+                    "check + flatten",
+                    "keys + plan",
+                    "copy",
+                    "index",
+                    "sampler",
+                    "bookkeeping",
+                    "total",
+                ],
+                bench_extend_phases(capacity, chunks),
             )
         )
     if "sample" in sections:

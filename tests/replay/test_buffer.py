@@ -322,6 +322,32 @@ def test_ids_below_minus_one_are_refused_like_everywhere_else(later: bool) -> No
     assert len(rb) == (2 if later else 0)
 
 
+@pytest.mark.parametrize("shape", [[6], [2, 3]])
+def test_a_batch_laid_out_as_the_last_one_still_has_its_ids_checked(shape: list[int]) -> None:
+    """A batch with the keys, dtypes and shapes of the last checked one skips the layout
+    checks (issue 16), not the ids' values: padding is still dropped and an id below -1 still
+    refused, with nothing stored."""
+    rb = ReplayBuffer(storage=LazyTensorStorage(50), sampler=SliceSampler(slice_len=2, seed=0))
+
+    def batch(ids: list[int], x0: int) -> TensorDict:
+        n = len(ids)
+        data = {TRAJ_IDS: torch.tensor(ids), "x": torch.arange(x0, x0 + n, dtype=torch.float32)}
+        return TensorDict(data, [n]).reshape(shape)
+
+    rb.extend(batch([0, 0, 0, 1, 1, 1], 0))
+    rb.extend(batch([1, 1, 2, 2, 2, 2], 6))  # same layout: the known path
+    rows = rb.extend(batch([3, -1, 3, 3, -1, 4], 12))
+    assert rows.reshape(-1).tolist() == [12, -1, 13, 14, -1, 15]
+    assert rb[rows.reshape(-1)[rows.reshape(-1) >= 0]]["x"].tolist() == [12, 14, 15, 17]
+    before = (len(rb), rb.write_count, rb[:]["x"].tolist())
+    with pytest.raises(LayoutError, match="below -1"):
+        rb.extend(batch([5, 5, -7, 5, 5, 5], 18))
+    assert (len(rb), rb.write_count, rb[:]["x"].tolist()) == before
+    rows = rb.extend(batch([5, 5, 5, 6, 6, 6], 18))  # and the known path goes on
+    assert rb[rows.reshape(-1)]["x"].tolist() == list(range(18, 24))
+    assert [rb.index.describe(r)[0] for r in rows.reshape(-1).tolist()] == [5, 5, 5, 6, 6, 6]
+
+
 # ---------------------------------------------------------------------- issue 11
 def test_len_and_write_count_are_consistent_under_a_concurrent_writer() -> None:
     """``len()`` and ``write_count`` read under the lock: a writer extending a full buffer is

@@ -54,6 +54,9 @@ class Boundaries:
     key: Key | None
     open_keys: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=I64))
     next_key: int = 0
+    _doc: tuple[np.ndarray, int, dict[str, object]] | None = field(
+        default=None, init=False, repr=False, compare=False
+    )
 
     def keys_for(self, batch: FlatBatch) -> tuple[np.ndarray, np.ndarray, int]:
         """The key of every row of ``batch``, and the state to commit once it is written.
@@ -112,6 +115,20 @@ class Boundaries:
     def reset(self) -> None:
         self.open_keys = np.empty(0, dtype=I64)
         self.next_key = 0
+
+    def json_with(self, open_keys: np.ndarray, next_key: int) -> dict[str, object]:
+        """:meth:`to_json` of this mode and key with the in-flight state ``open_keys``,
+        ``next_key`` (what :meth:`keys_for` returned). The last document is reused when
+        they are the same (always in ``"ids"`` mode): do not modify it."""
+        doc = self._doc
+        if doc is None or doc[0] is not open_keys or doc[1] != next_key:
+            doc = (
+                open_keys,
+                next_key,
+                Boundaries(self.mode, self.key, open_keys, next_key).to_json(),
+            )
+            self._doc = doc
+        return doc[2]
 
     def to_json(self) -> dict[str, object]:
         return {

@@ -85,7 +85,9 @@ class Pool:
     (``data[:, ids]``). ``data`` has one column more than the pool has ids: a *scratch*
     column at the end, where a write addressed to id ``-1`` lands (``data[i, -1]``), so that
     "link to the previous item, if any" needs no mask. Reads of id ``-1`` return that
-    scratch (meaningless) value.
+    scratch value: -1 in every field, or ``scratch`` (one value per field) when given, so that
+    a read for a not-yet-allocated item (id -1) returns a new item's fields (the pool keeps
+    that column as given as long as nobody writes to id -1 of those fields).
 
     Examples:
         >>> pool = Pool(("lo", "hi"), size=2)
@@ -100,14 +102,19 @@ class Pool:
         [5, 6, 7]
     """
 
-    def __init__(self, fields: tuple[str, ...], size: int = 64) -> None:
+    def __init__(
+        self, fields: tuple[str, ...], size: int = 64, scratch: np.ndarray | None = None
+    ) -> None:
         self.fields = fields
+        self.scratch = scratch
         self._set_data(np.full((len(fields), size + 1), -1, dtype=I64))
         self.free = np.arange(size - 1, -1, -1, dtype=I64)  # a stack: pop from the end
         self.n_free = size
 
     def _set_data(self, data: np.ndarray) -> None:
         size = data.shape[1] - 1
+        if self.scratch is not None:
+            data[:, size] = self.scratch
         self.data = data
         self.a: dict[str, np.ndarray] = {f: data[i, :size] for i, f in enumerate(self.fields)}
 
@@ -201,8 +208,20 @@ class KeyMap:
 
     def lookup(self, q: np.ndarray) -> np.ndarray:
         """The value of each key of ``q`` (-1 when absent)."""
-        pos, found = self._find(q)
-        return np.where(found, self.vals[pos], -1)
+        pos = self.keys[: self.n].searchsorted(q)  # (the method: np.searchsorted costs more)
+        out = self.vals[pos]
+        out[self.keys[pos] != q] = -1
+        return out
+
+    def lookup_one(self, key: int) -> int:
+        """The value of one key (-1 when absent)."""
+        pos = int(self.keys[: self.n].searchsorted(key))  # the sentinel answers -1
+        return int(self.vals[pos]) if self.keys[pos] == key else -1
+
+    def above_all(self, key: int | np.integer) -> bool:
+        """Whether ``key`` is larger than every stored key (tombstones included): then it
+        and every larger key are absent."""
+        return self.n == 0 or bool(key > self.keys[self.n - 1])
 
     def last_key(self) -> int | None:
         """The largest stored key (tombstones included), None when empty."""

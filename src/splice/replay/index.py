@@ -51,7 +51,6 @@ from splice.replay._structures import (
     KeyMapState,
     Pool,
     PoolState,
-    run_starts,
 )
 from splice.trajectories._index import index_by_id
 
@@ -65,9 +64,13 @@ _LO, _HI, _BACK, _FWD = range(len(_SEG_FIELDS))
 #: ``first`` .. ``last_seg`` of a new trajectory. Its ``last_row`` is -2, so that
 #: ``last_row + 1 == start`` (the test for "continues physically") is never true for it.
 _NEW_TRAJ = np.array([0, -1, -1, -2, -1], dtype=I64)[:, None]
+#: The trajectory pool's scratch column (what a read of slot -1 returns): a new trajectory's
+#: fields, so that a write reads "no last step, row or segment yet" for a new key before it
+#: allocates its slot.
+_TRAJ_SCRATCH = np.array([-1, *_NEW_TRAJ[:, 0], 0], dtype=I64)
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # (not frozen: a frozen init costs ~5x, once per extend)
 class WriteReport:
     """What one write changed, for the samplers to update their own structures in O(batch).
 
@@ -88,7 +91,7 @@ class WriteReport:
     touched_slots: np.ndarray
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # (not frozen: a frozen init costs ~5x, once per extend)
 class WritePlan:
     """How :meth:`ReplayIndex.write` will lay out a batch (see :meth:`ReplayIndex.plan`).
 
@@ -96,11 +99,17 @@ class WritePlan:
         keys: the trajectory key of every row, in write order (each trajectory in one run).
         order: the input position of every written row (None: the input order).
         run_start: the first position of every run of ``keys``.
+        run_len: the length of every run.
+        run_keys: the key of every run (distinct).
+        increasing: the run keys increase (one env's stream, the common case).
     """
 
     keys: np.ndarray
     order: np.ndarray | None
     run_start: np.ndarray
+    run_len: np.ndarray
+    run_keys: np.ndarray
+    increasing: bool
 
 
 @dataclass
@@ -145,7 +154,7 @@ class ReplayIndex:
         self.row_slot.fill(-1)
         self.row_step.fill(0)
         self.row_seg.fill(-1)
-        self.traj = Pool(_TRAJ_FIELDS)
+        self.traj = Pool(_TRAJ_FIELDS, scratch=_TRAJ_SCRATCH)
         self.traj.a["gen"].fill(0)
         self.seg = Pool(_SEG_FIELDS)
         self.keys = KeyMap()
@@ -271,17 +280,13 @@ class ReplayIndex:
         """
         if keys.dtype != I64 or keys.ndim != 1 or not keys.flags.c_contiguous:
             keys = np.ascontiguousarray(keys, dtype=I64).reshape(-1)
-        run_start = run_starts(keys)
-        if run_start.size > 1:
-            run_keys = keys[run_start]
-            # Increasing run keys (one env's stream) are distinct; else sort to compare.
-            if np.count_nonzero(run_keys[1:] <= run_keys[:-1]):
-                run_keys = np.sort(run_keys)
-            if np.count_nonzero(run_keys[1:] == run_keys[:-1]):  # a trajectory in several runs
-                order = index_by_id(torch.from_numpy(keys)).cat_order().numpy()
-                keys = keys[order]
-                return WritePlan(keys, order, run_starts(keys))
-        return WritePlan(keys, None, run_start)
+        order = None
+        runs, split = _find_runs(keys)
+        if split:  # a trajectory in several runs: regroup (stable, so steps keep their order)
+            order = index_by_id(torch.from_numpy(keys)).cat_order().numpy()
+            keys = keys[order]
+            runs, _ = _find_runs(keys)
+        return WritePlan(keys, order, runs.start, runs.length, runs.keys, runs.increasing)
 
     def write(self, keys: np.ndarray, run_start: np.ndarray | None = None) -> WriteReport:
         """Append rows with trajectory ``keys`` (int64, write order) at the write cursor.
@@ -296,15 +301,29 @@ class ReplayIndex:
                 knows that each trajectory occupies one run (``plan(keys).run_start``):
                 the write then takes its fast path (a few whole-array calls per batch).
         """
+        runs = None
+        if run_start is not None and keys.size:
+            run_len = np.empty(run_start.size, dtype=I64)
+            np.subtract(run_start[1:], run_start[:-1], out=run_len[:-1])
+            run_len[-1] = keys.size - run_start[-1]
+            runs = _Runs(run_start, run_len, keys[run_start], increasing=False)
+        return self._write(keys, runs)
+
+    def write_plan(self, plan: WritePlan) -> WriteReport:
+        """:meth:`write` the keys of ``plan`` (from :meth:`plan`) on the fast path."""
+        runs = _Runs(plan.run_start, plan.run_len, plan.run_keys, plan.increasing)
+        return self._write(plan.keys, runs)
+
+    def _write(self, keys: np.ndarray, runs: _Runs | None) -> WriteReport:
         n = keys.size
         evicted, head_slots, head_old, freed = self._evict(n)
         if n > self.capacity:
             self.write_count += n - self.capacity
             keys = keys[n - self.capacity :]
-            run_start = None
+            runs = None
         seam = self.capacity - self.write_count % self.capacity
         if keys.size <= seam:
-            rows, touched = self._insert(keys, run_start)
+            rows, touched = self._insert(keys, runs)
         else:  # the write wraps: two physically contiguous pieces
             rows_a, touched_a = self._insert(keys[:seam], None)
             rows_b, touched_b = self._insert(keys[seam:], None)
@@ -383,68 +402,84 @@ class ReplayIndex:
         self.lo = new_lo
         return rows, part, head_old, freed
 
-    def _new_slots(self, keys: np.ndarray) -> np.ndarray:
-        """Allocate and initialise slots for (unique, absent) ``keys``."""
+    def _new_slots(self, keys: np.ndarray, *, increasing: bool = False) -> np.ndarray:
+        """Allocate slots for (unique, absent) ``keys``: their key, ``first`` (0) and
+        generation are set; the other fields are the caller's to write (``_NEW_TRAJ``).
+        ``increasing``: the caller knows ``keys`` increase."""
         fresh = self.traj.alloc(keys.size)
         T = self.traj.data
         T[_KEY][fresh] = keys
-        T[_FIRST:_GEN, fresh] = _NEW_TRAJ
-        self.traj.a["gen"][fresh] += 1
-        if keys.size == 1 or np.count_nonzero(keys[1:] <= keys[:-1]) == 0:
+        T[_FIRST][fresh] = 0
+        T[_GEN][fresh] += 1
+        if increasing or keys.size == 1 or not np.count_nonzero(keys[1:] <= keys[:-1]):
             self.keys.assign(keys, fresh)
         else:
             order = np.argsort(keys)
             self.keys.assign(keys[order], fresh[order])
         return fresh
 
-    def _insert(
-        self, keys: np.ndarray, run_start: np.ndarray | None
-    ) -> tuple[np.ndarray, np.ndarray]:
+    def _insert(self, keys: np.ndarray, runs: _Runs | None) -> tuple[np.ndarray, np.ndarray]:
         """Insert ``keys`` at the write cursor; the rows must not cross the ring seam.
 
-        ``run_start``: the runs of ``keys``, when each trajectory occupies one run.
+        ``runs``: the runs of ``keys``, when each trajectory occupies one run.
         """
         n = keys.size
         if n == 0:
             return EMPTY, EMPTY
         a0 = self.write_count % self.capacity
         rows = np.arange(a0, a0 + n, dtype=I64)
-        if run_start is None:
-            run_start = run_starts(keys)
-            if run_start.size > 1:
-                sorted_keys = np.sort(keys[run_start])
-                if np.count_nonzero(sorted_keys[1:] == sorted_keys[:-1]):
-                    return rows, self._insert_interleaved(keys, rows)
+        if runs is None:
+            runs, split = _find_runs(keys)
+            if split:
+                return rows, self._insert_interleaved(keys, rows)
         # Each trajectory occupies one run of this write: every step below is one numpy
         # call over the runs (or the rows), whatever the number of trajectories. (1-D
         # gathers and scatters: numpy's ``a[i, idx]`` costs several times ``a[i][idx]``.)
+        run_start, run_len, run_keys = runs.start, runs.length, runs.keys
         R = run_start.size
-        run_end = np.empty(R, dtype=I64)
-        run_end[:-1] = run_start[1:]
-        run_end[-1] = n
-        run_len = run_end - run_start
-        run_keys = keys[run_start]
-        slot = self.keys.lookup(run_keys)
-        new = slot < 0
-        n_new = np.count_nonzero(new)
-        if n_new:
-            slot[new] = self._new_slots(run_keys[new])
-        T = self.traj.a
-        step0 = T["last"][slot] + 1
-        prev_seg = T["last_seg"][slot]
+        T = self.traj.data
+        km = self.keys
+        tail = -1  # runs [tail:] are new trajectories (-1: look every run up)
+        if runs.increasing and R > 1 and km.above_all(run_keys[1]):
+            # One env's stream (the common case): keys grow, so every run but the first is
+            # a trajectory never seen; only the first is looked up.
+            slot = np.full(R, -1, dtype=I64)
+            slot[0] = km.lookup_one(int(run_keys[0]))
+            tail = 0 if slot[0] < 0 else 1
+        else:
+            slot = km.lookup(run_keys)
+        # Read before new slots are allocated: a new trajectory (slot -1) reads the pool's
+        # scratch column, which holds a new trajectory's fields (no last step, row or
+        # segment).
+        step0 = T[_LAST][slot]
+        step0 += 1
+        prev_seg = T[_LAST_SEG][slot]
+        # Only the first run can extend its trajectory's last segment: the row before any
+        # other run ends the previous run, another trajectory's.
+        merge = int(T[_LAST_ROW][slot[0]]) == a0 - 1
         start_row = run_start + a0
-        end_row = run_end + (a0 - 1)
-        # A run that starts right after its trajectory's last row extends that segment;
-        # the others start a segment linked after the trajectory's last one (if any: a
-        # link from segment -1 lands in the pool's scratch column).
-        merge = T["last_row"][slot] + 1 == start_row
-        n_merge = int(np.count_nonzero(merge))
-        if n_merge:
-            fresh = ~merge
-            seg = prev_seg.copy()
-            ids = self.seg.alloc(R - n_merge)
-            seg[fresh] = ids
-            lo, back = start_row[fresh], prev_seg[fresh]
+        if tail >= 0:
+            fresh = self._new_slots(run_keys[tail:], increasing=True)
+            slot[tail:] = fresh
+            T = self.traj.data  # the pool may have grown
+            T[_FIRST_ROW][fresh] = start_row[tail:]
+        else:
+            new = slot < 0
+            if np.count_nonzero(new):
+                fresh = self._new_slots(run_keys[new], increasing=runs.increasing)
+                slot[new] = fresh
+                T = self.traj.data  # the pool may have grown
+                T[_FIRST_ROW][fresh] = start_row[new]
+        end_row = start_row + run_len
+        end_row -= 1
+        # A new segment per run but a merged first one, linked after its trajectory's last
+        # segment (if any: a link from segment -1 lands in the pool's scratch column).
+        if merge:
+            ids = self.seg.alloc(R - 1)
+            seg = np.empty(R, dtype=I64)
+            seg[0] = prev_seg[0]
+            seg[1:] = ids
+            lo, back = start_row[1:], prev_seg[1:]
         else:
             seg = ids = self.seg.alloc(R)
             lo, back = start_row, prev_seg
@@ -459,15 +494,13 @@ class ReplayIndex:
         per_run[0] = slot
         np.subtract(step0, start_row, out=per_run[1])  # a row's step: this + its row
         per_run[2] = seg
-        info = np.repeat(per_run, run_len, axis=1)
+        info = per_run.repeat(run_len, axis=1)
         info[1] += rows
         self._row_info[:, a0 : a0 + n] = info
         self.row_key[a0 : a0 + n] = keys
-        if n_new:
-            T["first_row"][slot[new]] = start_row[new]
-        T["last"][slot] = step0 + run_len - 1
-        T["last_row"][slot] = end_row
-        T["last_seg"][slot] = seg
+        T[_LAST][slot] = per_run[1] + end_row
+        T[_LAST_ROW][slot] = end_row
+        T[_LAST_SEG][slot] = seg
         self.write_count += n
         return rows, slot
 
@@ -485,7 +518,9 @@ class ReplayIndex:
         slot_u = self.keys.lookup(uk)
         new_u = slot_u < 0
         if np.count_nonzero(new_u):
-            slot_u[new_u] = self._new_slots(uk[new_u])
+            fresh = self._new_slots(uk[new_u])
+            self.traj.data[_FIRST:_GEN, fresh] = _NEW_TRAJ
+            slot_u[new_u] = fresh
         T = self.traj.a
         # Work on runs grouped by trajectory (stable: in write order within a trajectory).
         order = np.argsort(inv, kind="stable")
@@ -579,3 +614,31 @@ class ReplayIndex:
         self.traj.restore(state.traj)
         self.seg.restore(state.seg)
         self.keys.restore(state.keys)
+
+
+@dataclass(slots=True)  # (not frozen: a frozen init costs ~5x, once per extend)
+class _Runs:
+    """The runs of equal keys of a write (see :class:`WritePlan`)."""
+
+    start: np.ndarray
+    length: np.ndarray
+    keys: np.ndarray
+    increasing: bool
+
+
+def _find_runs(keys: np.ndarray) -> tuple[_Runs, bool]:
+    """The runs of equal consecutive ``keys``, and whether a key occupies several runs."""
+    n = keys.size
+    head = np.empty(n + 1, dtype=bool)  # True at every run's start, and at the end
+    head[0] = head[n] = True
+    np.not_equal(keys[1:], keys[:-1], out=head[1:n])
+    edges = head.nonzero()[0]
+    start = edges[:-1]
+    run_keys = keys[start]
+    increasing, split = True, False
+    # Increasing run keys (one env's stream) are distinct; else sort to compare.
+    if run_keys.size > 1 and np.count_nonzero(run_keys[1:] <= run_keys[:-1]):
+        increasing = False
+        ranked = np.sort(run_keys)
+        split = bool(np.count_nonzero(ranked[1:] == ranked[:-1]))
+    return _Runs(start, edges[1:] - start, run_keys, increasing), split

@@ -305,7 +305,19 @@ class SliceSampler(Sampler):
                 changed = np.unique(
                     np.concatenate([report.head_slots, report.freed_slots, changed])
                 )
-            self._update_trajs(changed)
+                self._update_trajs(changed)
+            else:  # nothing overwritten: trajectories only gained steps, none leaves the set
+                self._add_trajs(changed)
+
+    def _add_trajs(self, slots: np.ndarray) -> None:
+        """Add the trajectories of ``slots`` (live, unique) that are long enough."""
+        assert self._built_len is not None
+        index = self.index
+        self._trajs.grow(index.traj.size)
+        if self.strict_length:
+            T = index.traj.a
+            slots = slots[T["last"][slots] - T["first"][slots] >= self._built_len - 1]
+        self._trajs.add(slots, unique=True)
 
     def _update_trajs(self, slots: np.ndarray) -> None:
         index = self.index
