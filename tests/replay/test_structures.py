@@ -214,3 +214,102 @@ def test_sum_tree_sample_refuses_an_all_zero_tree() -> None:
     tree.set(np.array([3]), np.array([0.0]))
     with pytest.raises(ValueError, match="every weight is 0"):
         tree.sample(4, np.random.default_rng(0).random)
+
+
+class PathSpy(SumTree):
+    """Records which way each draw went: ``"leaves"`` (rejection of leaves: no descent, no
+    search), ``"top"`` (rejection of top nodes, then a descent) or ``"search"``."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__(n)
+        self.paths: list[str] = []
+
+    def draw(self, k, random):  # type: ignore[no-untyped-def]
+        self.paths.append("leaves")
+        return super().draw(k, random)
+
+    def _descend(self, node, rest, *, inside):  # type: ignore[no-untyped-def]
+        self.paths[-1] = "top" if inside else "search"
+        return super()._descend(node, rest, inside=inside)
+
+
+class SmallTopSpy(PathSpy):
+    TOP = 2
+
+
+def test_sum_tree_draws_leaves_by_rejection_when_their_weights_are_close() -> None:
+    """Chi-square of 200,000 draws from 3,000 leaves (one in ten of weight 0, the rest within
+    4x of each other, the last 200 empty as in a buffer not yet full) against
+    ``weight / total``, on the leaf-rejection path, with the weights it returns."""
+    rng = np.random.default_rng(2)
+    w = rng.uniform(0.25, 1.0, 3000)
+    w[rng.random(3000) < 0.1] = 0.0
+    w[2800:] = 0.0
+    for kind in (PathSpy, SmallTopSpy):  # one level under the top, and several
+        tree = kind(w.size)
+        tree.set(np.arange(w.size), w)
+        leaves, weights = tree.draw(200_000, rng.random)
+        assert tree.paths == ["leaves"]
+        assert np.array_equal(weights, w[leaves])  # the very stored weights
+        counts = np.bincount(leaves, minlength=w.size)
+        assert counts[w == 0].sum() == 0
+        live = w > 0
+        expected = w[live] / w.sum() * 200_000
+        stat = float(((counts[live] - expected) ** 2 / expected).sum())
+        df = int(live.sum()) - 1
+        c = 2 / (9 * df)  # Wilson-Hilferty chi-square quantile, upper tail 1e-4
+        assert stat < df * (1 - c + 3.719 * c**0.5) ** 3, stat
+
+
+def test_sum_tree_draw_takes_the_cheapest_exact_path() -> None:
+    """Leaves by rejection while the leaves' weights are close; top nodes by rejection when
+    only the top nodes' are (light leaves inside every block); the running sum's inverse when
+    neither is (one heavy block)."""
+    n = 32 * 64
+    tree = PathSpy(n)
+    tree.set(np.arange(n), np.ones(n))
+    tree.draw(100, np.random.default_rng(0).random)
+    w = np.ones(n)
+    w[::32] = 100.0  # one heavy leaf per block: leaf acceptance ~0.04, top nodes all equal
+    tree.set(np.arange(n), w)
+    tree.draw(100, np.random.default_rng(0).random)
+    w[:32] = 1e4  # one heavy block: the top's acceptance ~0.05 too
+    tree.set(np.arange(32), w[:32])
+    leaves, weights = tree.draw(100, np.random.default_rng(0).random)
+    assert tree.paths == ["leaves", "top", "search"]
+    assert np.array_equal(weights, w[leaves])
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    weights=st.lists(st.one_of(st.just(0.0), st.floats(0.3, 1.0)), min_size=1, max_size=3000),
+    small_top=st.booleans(),
+    k=st.integers(1, 600),
+    seed=st.integers(0, 2**31 - 1),
+    updates=st.integers(0, 3),
+)
+def test_sum_tree_keeps_each_top_node_s_heaviest_leaf(
+    weights: list[float], small_top: bool, k: int, seed: int, updates: int
+) -> None:
+    """The heaviest leaf under every top node (the bound of the leaf rejection) after
+    partial updates, zeros included; draws on any path give positive leaves and their
+    stored weights."""
+    rng = np.random.default_rng(seed)
+    w = np.array(weights)
+    tree = (SmallTopTree if small_top else SumTree)(w.size)
+    tree.set(np.arange(w.size), w)
+    for _ in range(updates):
+        idx = rng.integers(0, w.size, rng.integers(1, 20))
+        val = np.where(rng.random(idx.size) < 0.5, 0.0, rng.uniform(0.3, 1.0, idx.size))
+        tree.set(idx, val)
+        last = {int(i): v for i, v in zip(idx, val, strict=True)}
+        w[list(last)] = list(last.values())
+    span = tree.FANOUT ** len(tree.prefix)
+    padded = np.zeros(tree.top.size * span)
+    padded[: w.size] = w
+    assert np.array_equal(tree.maxs[-1], padded.reshape(-1, span).max(axis=1))
+    if w.sum() <= 0:
+        return
+    leaves, drawn = tree.draw(k, rng.random)
+    assert leaves.shape == (k,) and leaves.dtype == np.int64
+    assert (w[leaves] > 0).all() and np.array_equal(drawn, w[leaves])

@@ -391,25 +391,28 @@ class DenseSet:
 class SumTree:
     """Non-negative float64 weights, their sum, minimum and batched proportional draws.
 
-    Built for prioritised sampling: :meth:`sample` draws leaves in proportion to their
-    weight, :meth:`find` maps given uniform masses in ``[0, total)`` to leaves. Leaves are
-    grouped in blocks of ``FANOUT``; each block keeps the running sums of its children
-    (``prefix``), and the block sums are the weights of the level above, until a level has
-    at most ``TOP`` blocks (a million leaves make one level of 31,250 blocks). A draw picks
+    Built for prioritised sampling: :meth:`draw` (and :meth:`sample`) draws leaves in
+    proportion to their weight, :meth:`find` maps given uniform masses in ``[0, total)`` to
+    leaves. Leaves are grouped in blocks of ``FANOUT``; each block keeps the running sums of
+    its children (``prefix``), and the block sums are the weights of the level above, until a
+    level has at most ``TOP`` blocks (a million leaves make one level of 31,250 blocks). When
+    the leaves' weights are within a few times of each other, a draw picks leaves directly
+    by rejection against the heaviest leaf (no descent: see :meth:`draw`). Otherwise it picks
     top nodes (by rejection when their weights are close, else by searching the running sum
-    of the top: see :meth:`sample`), then, per level, gathers each query's block of running
-    sums as one row and picks the first child whose running sum exceeds what is left of the
-    query (the number of running sums at or below it, counted bytewise: see
-    :func:`_count_per_row`): a handful of whole-array numpy calls per level, no Python loop
-    over queries. Zero-weight leaves are never drawn.
+    of the top), then, per level, gathers each query's block of running sums as one row and
+    picks the first child whose running sum exceeds what is left of the query (the number of
+    running sums at or below it, counted bytewise: see :func:`_count_per_row`): a handful of
+    whole-array numpy calls per level, no Python loop over queries. Zero-weight leaves are
+    never drawn.
 
-    :meth:`set` recomputes the running sums (and positive minima) of the changed blocks at
-    every level: O(k * FANOUT) per level for k leaves. A block's running sums depend on its
-    own children only (a ``cumsum`` along each block), so the tree is the same bits however
-    its leaves were set: a restored tree draws exactly as the saved one, and a light leaf
-    next to a block of heavy ones keeps its weight. (A flat ``cumsum`` over all changed
-    blocks minus each block's start lost every leaf lighter than about 1e-16 times the
-    blocks changed with it, and rounded differently after a restore; it was also slower.)
+    :meth:`set` recomputes the running sums (and positive minima and maxima) of the changed
+    blocks at every level: O(k * FANOUT) per level for k leaves. A block's running sums
+    depend on its own children only (a ``cumsum`` along each block), so the tree is the same
+    bits however its leaves were set: a restored tree draws exactly as the saved one, and a
+    light leaf next to a block of heavy ones keeps its weight. (A flat ``cumsum`` over all
+    changed blocks minus each block's start lost every leaf lighter than about 1e-16 times
+    the blocks changed with it, and rounded differently after a restore; it was also
+    slower.)
 
     Examples:
         >>> t = SumTree(40)
@@ -425,8 +428,12 @@ class SumTree:
 
     FANOUT = 32
     TOP = 1 << 15
-    #: :meth:`sample` draws the top node by rejection at or above this expected acceptance.
+    #: :meth:`draw` picks top nodes by rejection at or above this expected acceptance.
     MIN_ACCEPTANCE = 0.4
+    #: :meth:`draw` picks leaves by rejection at or above this acceptance (and
+    #: ``MIN_ACCEPTANCE``): each candidate reads a leaf, so a low acceptance would cost
+    #: more reads than a descent.
+    MIN_LEAF_ACCEPTANCE = 0.4
 
     def __init__(self, n: int) -> None:
         self.n = n
@@ -445,12 +452,15 @@ class SumTree:
             if top:
                 break
         self.mins = [np.full(w.size, np.inf) for w in self.weights[1:]]
+        self.maxs = [np.zeros(w.size) for w in self.weights[1:]]  # each block's heaviest leaf
+        self._span = F ** len(self.prefix)  # leaves under one top node
         self._cum: np.ndarray | None = None  # running sum of the top, None after a change
         self._before = np.zeros(1)  # 0, then the top's running sum (see _running)
         self._starts = np.zeros(0, dtype=I64)  # see _row_starts
         self._last = 0  # the last top node with a positive weight
         self._min: float | None = None
         self._peak: float | None = None  # the heaviest top node, None after a change
+        self._leaf_peak: float | None = None  # the heaviest leaf, None after a change
 
     @property
     def top(self) -> np.ndarray:
@@ -473,15 +483,22 @@ class SumTree:
             rows = self.weights[depth].reshape(-1, F).take(blocks, axis=0)
             # Each block from 0, from its leaves only. (torch's ``cumsum`` along the rows adds
             # left to right as numpy's does, to the same bits, in a quarter of the time on a
-            # few hundred short rows.)
-            running = torch.cumsum(torch.from_numpy(rows), dim=1).numpy()
+            # few hundred short rows; so does ``amax`` against numpy's ``max``.)
+            leaves = torch.from_numpy(rows)  # (one tensor for the three reductions)
+            running = torch.cumsum(leaves, dim=1).numpy()
             prefix[blocks] = running
             self.weights[depth + 1][blocks] = running[:, -1]
-            below = rows if depth == 0 else self.mins[depth - 1].reshape(-1, F).take(blocks, 0)
-            self.mins[depth][blocks] = _least_positive(below)
-            blocks //= F
-            blocks = blocks[run_starts(blocks)]
-        self._cum = self._min = self._peak = None
+            if depth == 0:
+                least, most = rows, leaves
+            else:
+                least = self.mins[depth - 1].reshape(-1, F).take(blocks, 0)
+                most = torch.from_numpy(self.maxs[depth - 1].reshape(-1, F).take(blocks, 0))
+            self.mins[depth][blocks] = _least_positive(least, leaves if depth == 0 else None)
+            self.maxs[depth][blocks] = torch.amax(most, dim=1).numpy()
+            if depth + 1 < len(self.prefix):  # (the top has no blocks above it)
+                blocks //= F
+                blocks = blocks[run_starts(blocks)]
+        self._cum = self._min = self._peak = self._leaf_peak = None
 
     def get(self, idx: np.ndarray) -> np.ndarray:
         return self.weights[0][idx]
@@ -528,22 +545,35 @@ class SumTree:
         return out
 
     def sample(self, k: int, random: Callable[[int], np.ndarray]) -> np.ndarray:
-        """``k`` leaves drawn independently, each with probability ``weight / total``.
+        """``k`` leaves drawn independently, each with probability ``weight / total``
+        (:meth:`draw` without the weights)."""
+        return self.draw(k, random)[0]
+
+    def draw(self, k: int, random: Callable[[int], np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+        """``k`` leaves drawn independently, each with probability ``weight / total``, and
+        their weights.
 
         ``random(n)``: ``n`` uniform float64 numbers in ``[0, 1)`` (the caller's generator).
-        When the top nodes' weights are within a few times of each other (``total`` is at
-        least ``MIN_ACCEPTANCE`` of ``top nodes * heaviest``, counting the top nodes up to
-        the last positive one), the top node comes by rejection: each uniform ``u`` times
-        the number of top nodes gives a candidate node (its integer part) and a level in
-        ``[0, heaviest)`` (its fraction times the heaviest weight); a candidate is kept if
-        its level falls below its weight. That picks each top node in proportion to its
-        weight and leaves the kept level uniform in ``[0, weight)``: the mass inside the
-        node to descend with. It costs a few whole-array calls over the candidates, with
-        no search of the top's running sum and no sort. (The level keeps the bits of ``u``
-        that the node did not use: with N top nodes, steps of ``2**-53 * N * heaviest``,
-        within ``1 / MIN_ACCEPTANCE`` of the inverse CDF's steps of ``2**-53 * total``.)
-        Otherwise the inverse of the running sum (:meth:`find`). Both draw in proportion to
-        the weights; they use the random numbers differently.
+        Three ways to draw, the cheapest that fits the weights (all three draw in proportion
+        to the weights; they use the random numbers differently):
+
+        * **leaves by rejection**, when the leaves' weights are within a few times of each
+          other (``total`` is at least ``MIN_LEAF_ACCEPTANCE`` and ``MIN_ACCEPTANCE`` of
+          ``leaves * heaviest leaf``, counting the leaves under the top nodes up to the last
+          positive one): each uniform ``u`` times the number of leaves gives a candidate
+          leaf (its integer part) and a level in ``[0, heaviest)`` (its fraction times the
+          heaviest weight); a candidate is kept if its level falls below its weight. That
+          picks each leaf in proportion to its weight, in a few whole-array calls that read
+          one weight per candidate (the weight returned), with no descent of the tree.
+        * **top nodes by rejection**, the same over the top nodes (when their weights are
+          within a few times of each other by ``MIN_ACCEPTANCE``), which leaves the kept
+          level uniform in ``[0, weight)``: the mass inside the node to descend with
+          (:meth:`_descend`), with no search of the top's running sum and no sort.
+        * otherwise the inverse of the running sum (:meth:`find`).
+
+        (The level keeps the bits of ``u`` that the candidate did not use: with N candidates
+        to pick from, steps of ``2**-53 * N * heaviest``, within ``1 / acceptance`` of the
+        inverse CDF's steps of ``2**-53 * total``.)
 
         Raises:
             ValueError: every weight is 0.
@@ -551,29 +581,25 @@ class SumTree:
         cum = self._running()
         if not cum[-1] > 0:
             raise ValueError("every weight is 0: nothing to draw")
+        total = float(cum[-1])
         live = self._last + 1
+        leaves = self.weights[0]
+        if self._leaf_peak is None:
+            self._leaf_peak = float(self.maxs[-1][:live].max())
+        span = min(live * self._span, leaves.size)
+        acceptance = total / (span * self._leaf_peak)
+        if acceptance >= max(self.MIN_LEAF_ACCEPTANCE, self.MIN_ACCEPTANCE):
+            leaf, _, weight = _reject(k, random, leaves, span, self._leaf_peak, acceptance)
+            return leaf, weight
         if self._peak is None:
             self._peak = float(self.top[:live].max())
-        acceptance = float(cum[-1]) / (live * self._peak)
-        if acceptance < self.MIN_ACCEPTANCE:
-            return self.find(random(k) * cum[-1])
-        nodes: list[np.ndarray] = []
-        levels: list[np.ndarray] = []
-        missing = k
-        while missing:
-            # Enough candidates that one round almost always suffices.
-            level = random(int(missing / acceptance * 1.1) + 16)
-            level *= live
-            node = level.astype(I64)  # u < 1 - 2**-53: below ``live``
-            level -= node
-            level *= self._peak
-            kept = np.flatnonzero(level < self.top.take(node))[:missing]
-            nodes.append(node.take(kept))
-            levels.append(level.take(kept))
-            missing -= kept.size
-        if len(nodes) == 1:
-            return self._descend(nodes[0], levels[0], inside=True)
-        return self._descend(np.concatenate(nodes), np.concatenate(levels), inside=True)
+        acceptance = total / (live * self._peak)
+        if acceptance >= self.MIN_ACCEPTANCE:
+            node, level, _ = _reject(k, random, self.top, live, self._peak, acceptance)
+            leaf = self._descend(node, level, inside=True)
+        else:
+            leaf = self.find(random(k) * total)
+        return leaf, leaves.take(leaf)
 
     def _descend(self, node: np.ndarray, rest: np.ndarray, *, inside: bool) -> np.ndarray:
         """From top nodes and the mass inside each (``0 <= rest``, below the node's weight
@@ -607,7 +633,9 @@ class SumTree:
             level.fill(0.0)
         for level in self.mins:
             level.fill(np.inf)
-        self._cum = self._min = self._peak = None
+        for level in self.maxs:
+            level.fill(0.0)
+        self._cum = self._min = self._peak = self._leaf_peak = None
 
     def state(self) -> SumTreeState:
         return SumTreeState(self.weights[0][: self.n].copy())
@@ -620,9 +648,43 @@ class SumTree:
         self.set(np.arange(leaves.size, dtype=I64), leaves, unique=True)
 
 
-def _least_positive(rows: np.ndarray) -> np.ndarray:
-    """The smallest positive value of each row of a ``[k, F]`` float64 array (inf: none)."""
-    least = torch.amin(torch.from_numpy(rows), dim=1).numpy()
+def _reject(
+    k: int,
+    random: Callable[[int], np.ndarray],
+    weights: np.ndarray,
+    count: int,
+    peak: float,
+    acceptance: float,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``k`` of ``weights[:count]`` (none above ``peak``) picked by rejection, each in
+    proportion to its weight: their positions, their levels (uniform in ``[0, weight)``)
+    and their weights. ``acceptance``: the expected share of candidates kept (sizes the
+    rounds, so that one almost always suffices). Candidates are kept in the order drawn."""
+    picks: list[np.ndarray] = []
+    levels: list[np.ndarray] = []
+    kept_weights: list[np.ndarray] = []
+    missing = k
+    while missing:
+        level = random(int(missing / acceptance * 1.1) + 16)
+        level *= count
+        pick = level.astype(I64)  # u < 1 - 2**-53: below ``count``
+        level -= pick
+        level *= peak
+        weight = weights.take(pick)
+        kept = np.flatnonzero(level < weight)[:missing]
+        picks.append(pick.take(kept))
+        levels.append(level.take(kept))
+        kept_weights.append(weight.take(kept))
+        missing -= kept.size
+    if len(picks) == 1:
+        return picks[0], levels[0], kept_weights[0]
+    return np.concatenate(picks), np.concatenate(levels), np.concatenate(kept_weights)
+
+
+def _least_positive(rows: np.ndarray, tensor: torch.Tensor | None = None) -> np.ndarray:
+    """The smallest positive value of each row of a ``[k, F]`` float64 array (inf: none).
+    ``tensor``: ``rows`` as a tensor, when the caller has it."""
+    least = torch.amin(torch.from_numpy(rows) if tensor is None else tensor, dim=1).numpy()
     if not least.all():  # rows with a 0 (empty rows of the storage, or zero weights)
         some = least == 0
         zero_rows = rows[some]

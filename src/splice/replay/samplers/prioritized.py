@@ -25,6 +25,9 @@ __all__ = [
 ]
 
 _REDUCTIONS = ("max", "min", "sum", "mean", "median")
+#: ``alpha * log(p + eps)`` below this: ``(p + eps) ** alpha`` cannot overflow (the log of
+#: the largest float is 709.8), so an update needs no ``np.errstate`` (a few us per call).
+_NO_OVERFLOW = 700.0
 
 
 def _check_per(alpha: float, beta: float, eps: float) -> tuple[float, float, float]:
@@ -89,13 +92,15 @@ class PrioritizedSampler(Sampler):
 
     Draws and updates go through a sum tree (``SumTree``: blocks of 32 rows under a top of
     block sums) over the storage rows, in whole-array numpy calls: O(batch) per draw plus,
-    after a change, the largest block sum and one running sum over the top (31,250 numbers
-    for a million rows). When the block sums are within a few times of each other (the
-    buffer's priorities are not heavy-tailed), a draw picks blocks by rejection (a block
-    drawn uniformly, kept with probability its sum over the largest) and no search of the
-    running sum is needed; otherwise it inverts the running sum. Both are exact: a row is
-    drawn with probability ``(p + eps) ** alpha / sum`` either way, from the sampler's
-    generator (the two use its numbers differently).
+    after a change, the largest weight and one running sum over the top (31,250 numbers
+    for a million rows). When the rows' weights are within a few times of each other (the
+    buffer's priorities are not heavy-tailed), a draw picks rows by rejection (a row drawn
+    uniformly, kept with probability its weight over the largest): no descent of the tree,
+    and the kept rows' weights, read to decide, give the importance weights. When only the
+    block sums are that close, it picks blocks the same way, then descends; otherwise it
+    inverts the running sum. All three are exact: a row is drawn with probability
+    ``(p + eps) ** alpha / sum`` either way, from the sampler's generator (they use its
+    numbers differently).
 
     A priority whose weight ``(p + eps) ** alpha`` exceeds ``float_max / (2 * capacity)`` (so
     that the weights of the whole buffer could not sum to a finite number) is refused with a
@@ -181,8 +186,7 @@ class PrioritizedSampler(Sampler):
             raise self.empty_error()
         if self._tree.total() <= 0:
             raise RuntimeError("every stored step has priority 0: nothing can be drawn")
-        rows = self._tree.sample(batch_size, self.random)
-        weight = self._tree.get(rows)
+        rows, weight = self._tree.draw(batch_size, self.random)
         weight /= self._tree.min()
         return Draw(rows=rows, weight=np.power(weight, -self.beta, out=weight))
 
@@ -203,12 +207,16 @@ class PrioritizedSampler(Sampler):
         rows, priority = _live_updates(self.index, rows, priority)
         if rows.size == 0:
             return
-        with np.errstate(over="ignore"):
+        top = float(priority.max())  # (finite and >= 0: checked above)
+        if top + self.eps <= 1.0 or self.alpha * math.log(top + self.eps) < _NO_OVERFLOW:
             value = self._value(priority)
+        else:  # (may overflow: refused below, without a warning)
+            with np.errstate(over="ignore"):
+                value = self._value(priority)
         limit = weight_limit(self.index.capacity)
         if not value.max() <= limit:  # (one call when all is well; NaN fails it too)
             check_weights(priority, value, limit)
-        self.max_priority = max(self.max_priority, float(priority.max()))
+        self.max_priority = max(self.max_priority, top)
         self._tree.set(rows, value, unique=True)  # (sorted without repeats above)
 
     def priority(self, rows: np.ndarray) -> np.ndarray:
