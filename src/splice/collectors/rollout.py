@@ -256,7 +256,8 @@ class RolloutLoop:
         out_cols = [staging.column(k) for k in policy_step.output_keys] if policy_step else []
         limit = self._limit
         no_init, init_now = self._no_init, self._init_now
-        sample, env_step, env_action = adapter.action_sampler(), adapter.step, adapter.env_action
+        sample, env_action = adapter.action_sampler(), adapter.env_action
+        env_step = adapter.step_function()
         dead_steps = adapter.dead_steps
         discovering = policy_step is not None and not use_random and not policy_step.discovered
         if discovering:
@@ -271,17 +272,16 @@ class RolloutLoop:
             arr[c] = value
         outputs: list[np.ndarray] = []
         while c < stop:
-            obs = adapter.obs
             if init_now is not no_init:
                 init_col[c] = init_now if batched else True
-                for arr, value in zip(obs_cols, obs, strict=True):
+                for arr, value in zip(obs_cols, adapter.obs, strict=True):
                     arr[c] = value
             if use_random:
                 action = sample()
                 action_col[c] = action
             else:
                 assert policy_step is not None
-                action, outputs = policy_step.step(obs, init_now)
+                action, outputs = policy_step.step(adapter.obs, init_now)
                 action_col[c] = action
                 if not discovering:
                     for arr, value in zip(out_cols, outputs, strict=True):

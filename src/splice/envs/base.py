@@ -45,6 +45,7 @@ Examples:
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -300,6 +301,11 @@ class EnvAdapter(ABC):
         Returns:
             ``None``, or the mask of envs that restart (see the module docstring).
         """
+
+    def step_function(self) -> Callable[[Any, int], np.ndarray | None]:
+        """What the collector loop calls for each step: :meth:`step`, or an equivalent callable
+        an adapter makes cheaper to call (valid until the next :meth:`bind` or :meth:`select`)."""
+        return self.step
 
     @abstractmethod
     def reset_envs(self, mask: np.ndarray) -> None:
