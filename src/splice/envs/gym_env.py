@@ -9,7 +9,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
-from splice.envs.base import EnvAdapter, StepTargets
+from splice.envs.base import ITEM_ERRORS, EnvAdapter, StepTargets, item_writer
 
 __all__ = ["GymEnvAdapter"]
 
@@ -81,7 +81,7 @@ class GymEnvAdapter(EnvAdapter):
         adapter, env_step, env_reset = self, self.env.step, self.env.reset
         flatten, single_leaf, next_obs = self._flatten, self._single_leaf, self._next_obs
         next_obs0 = next_obs[0]  # the one leaf's column (single_leaf)
-        reward_col, term_col, trunc_col = self._reward, self._terminated, self._truncated
+        reward_col = self._reward
         infos = self.infos
         reads_info = bool(infos.keys)
         # One required entry at the top of the info dict (Taxi's action_mask, Atari's lives):
@@ -89,35 +89,54 @@ class GymEnvAdapter(EnvAdapter):
         one_key = infos.single_top_level_key()
         info_col0 = self._next_info[0] if one_key is not None else np.empty(0)
         read_next_info = self._read_next_info
+        # Scalar columns written through memoryviews (item_writer), the arrays once a value
+        # does not fit one.
+        obs_w, obs_ws = item_writer(next_obs0), [item_writer(arr) for arr in next_obs]
+        info_w = item_writer(info_col0)
+        term_w, trunc_w = item_writer(self._terminated), item_writer(self._truncated)
 
         def step(action: Any, c: int) -> np.ndarray | None:
+            nonlocal obs_w, obs_ws, info_w
             obs, reward, terminated, truncated, info = env_step(action)
             check = adapter.check_next
             if check:
                 adapter._check_step(obs, reward, terminated, truncated)
             if single_leaf:
-                next_obs0[c] = obs
+                try:
+                    obs_w[c] = obs
+                except ITEM_ERRORS:
+                    obs_w = next_obs0
+                    next_obs0[c] = obs
                 values = [obs]
             else:  # one env: its non-tensor leaves are plain objects (no per-env array)
                 values = flatten(obs)
-                for arr, value in zip(next_obs, values):  # noqa: B905 (one per leaf)
-                    arr[c] = value
+                try:
+                    for arr, value in zip(obs_ws, values):  # noqa: B905 (one per leaf)
+                        arr[c] = value
+                except ITEM_ERRORS:
+                    obs_ws = next_obs
+                    for arr, value in zip(next_obs, values):  # noqa: B905
+                        arr[c] = value
             if reads_info:
                 if one_key is not None and not check and one_key in info:
                     value = info[one_key]
                     try:
-                        info_col0[c] = value
-                    except ValueError:
-                        infos.raise_bad_values([value], "step()")
+                        info_w[c] = value
+                    except ITEM_ERRORS:
+                        info_w = info_col0
+                        try:
+                            info_col0[c] = value
+                        except ValueError:
+                            infos.raise_bad_values([value], "step()")
                     values.append(value)
                 else:
                     values += read_next_info(info, c, check)
             reward_col[c] = reward
             if terminated or truncated:  # the flags are False at c unless written (StepTargets)
                 if terminated:
-                    term_col[c] = True
+                    term_w[c] = True
                 if truncated:
-                    trunc_col[c] = True
+                    trunc_w[c] = True
                 obs, info = env_reset()
                 values = flatten(obs)  # one env: no per-env object arrays to make
                 if reads_info:
