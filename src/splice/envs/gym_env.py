@@ -86,7 +86,7 @@ class GymEnvAdapter(EnvAdapter):
         reads_info = bool(infos.keys)
         # One required entry at the top of the info dict (Taxi's action_mask, Atari's lives):
         # read with one lookup, written with one assignment.
-        one_key = infos.single_top_level_key()
+        one_key = infos.single_top_level_key() if self._next_info else None
         info_col0 = self._next_info[0] if one_key is not None else np.empty(0)
         read_next_info = self._read_next_info
         # Scalar columns written through memoryviews (item_writer), the arrays once a value
