@@ -14,6 +14,8 @@ import torch
 from gymnasium import spaces
 from gymnasium.vector import AutoresetMode
 from gymnasium.vector.utils import batch_space
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from splice import Collector
 from splice.collectors._staging import Staging
@@ -160,3 +162,37 @@ def test_fill_entering_copies_the_previous_next_values_where_no_episode_starts()
     before = obs.copy()
     staging.fill_entering(3, 3)  # an empty range writes nothing
     assert np.array_equal(obs, before)
+
+
+@given(
+    num_envs=st.integers(1, 3),
+    starts=st.lists(st.lists(st.booleans(), min_size=3, max_size=3), min_size=1, max_size=12),
+    data=st.data(),
+)
+@settings(max_examples=60, deadline=None)
+def test_fill_entering_follows_the_rule(
+    num_envs: int, starts: list[list[bool]], data: st.DataObject
+) -> None:
+    """Any pattern of episode starts, few (one slice copy, the starts put back) or many (a
+    gather of the other columns): a column where no row starts gets the previous column's next
+    values in every row, a column where one does keeps what the loop wrote, nothing outside
+    the range changes."""
+    staging = Staging(num_envs=num_envs, batched=True, steps=len(starts) + 1)
+    staging.obs_keys, staging.next_obs_keys = [("observation",)], [("next", "observation")]
+    staging.add(("observation",), (2,), np.dtype(np.int64))
+    staging.add(("next", "observation"), (2,), np.dtype(np.int64))
+    staging.add(("is_init",), (), np.dtype(np.bool_))
+    obs, nxt, init = (
+        staging.arrays[k] for k in (("observation",), ("next", "observation"), ("is_init",))
+    )
+    stop = len(starts) + 1
+    nxt[:] = np.arange(nxt.size).reshape(nxt.shape)
+    obs[:] = -np.arange(obs.size).reshape(obs.shape)  # what the loop wrote (or stale values)
+    init[1:stop] = np.array(starts)[:, :num_envs]
+    start = data.draw(st.integers(1, stop))
+    expected = obs.copy()
+    for c in range(start, stop):
+        if not init[c].any():
+            expected[c] = nxt[c - 1]
+    staging.fill_entering(start, stop)
+    assert np.array_equal(obs, expected)

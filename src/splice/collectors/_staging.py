@@ -246,7 +246,18 @@ class Staging:
             for key, next_key in keys:
                 arrays[key][start:stop] = arrays[next_key][start - 1 : stop - 1]
             return
-        cols = np.flatnonzero(~init.any(axis=1)) + start
+        starts = init.any(axis=1)
+        at = np.flatnonzero(starts) + start
+        if 2 * at.size <= stop - start:
+            # Few episode starts: one slice copy, then the starts' own values put back (two
+            # small gathers instead of two gathers of nearly every column).
+            for key, next_key in keys:
+                arr = arrays[key]
+                kept = arr[at]
+                arr[start:stop] = arrays[next_key][start - 1 : stop - 1]
+                arr[at] = kept
+            return
+        cols = np.flatnonzero(~starts) + start
         for key, next_key in keys:
             arrays[key][cols] = arrays[next_key][cols - 1]
 

@@ -32,6 +32,7 @@ from splice.collectors._settings import positive_int
 from splice.collectors._staging import BATCH_KEYS, FLAG_KEYS, Staging
 from splice.collectors.ids import TrajectoryIds
 from splice.envs import EnvAdapter
+from splice.envs.base import ITEM_ERRORS, item_writer
 from splice.envs.infos import InfoKeysLike
 from splice.layout import ACTION, IS_INIT, TERMINATED, TRUNCATED, as_key_tuple
 from splice.policies import as_policy
@@ -256,7 +257,8 @@ class RolloutLoop:
         out_cols = [staging.column(k) for k in policy_step.output_keys] if policy_step else []
         limit = self._limit
         no_init, init_now = self._no_init, self._init_now
-        sample, env_step, env_action = adapter.action_sampler(), adapter.step, adapter.env_action
+        sample, env_action = adapter.action_sampler(), adapter.env_action
+        env_step = adapter.step_function()
         dead_steps = adapter.dead_steps
         discovering = policy_step is not None and not use_random and not policy_step.discovered
         if discovering:
@@ -269,27 +271,38 @@ class RolloutLoop:
         trunc_col[c:stop] = False
         for arr, value in zip(obs_cols, adapter.obs, strict=True):
             arr[c] = value
+        # Scalar columns written through memoryviews (item_writer), the arrays once a value
+        # does not fit one.
+        init_w, action_w = item_writer(init_col), item_writer(action_col)
+        obs_ws = [item_writer(arr) for arr in obs_cols]
         outputs: list[np.ndarray] = []
         while c < stop:
-            obs = adapter.obs
             if init_now is not no_init:
-                init_col[c] = init_now if batched else True
-                for arr, value in zip(obs_cols, obs, strict=True):
-                    arr[c] = value
+                init_w[c] = init_now if batched else True
+                try:
+                    for arr, value in zip(obs_ws, adapter.obs, strict=True):
+                        arr[c] = value
+                except ITEM_ERRORS:
+                    obs_ws = obs_cols
+                    for arr, value in zip(obs_cols, adapter.obs, strict=True):
+                        arr[c] = value
             if use_random:
-                action = sample()
-                action_col[c] = action
+                action = env_act = sample()
             else:
                 assert policy_step is not None
-                action, outputs = policy_step.step(obs, init_now)
-                action_col[c] = action
+                action, outputs = policy_step.step(adapter.obs, init_now)
                 if not discovering:
                     for arr, value in zip(out_cols, outputs, strict=True):
                         arr[c] = value
-                action = env_action(action)
+                env_act = env_action(action)
+            try:
+                action_w[c] = action
+            except ITEM_ERRORS:
+                action_w = action_col
+                action_col[c] = action
             if limit is not None:
                 limit.count(None if init_now is no_init else init_now)
-            restarted = env_step(action, c)
+            restarted = env_step(env_act, c)
             if dead_steps and restarted is not None:
                 dead[c] = restarted  # a dead reset step: never part of the data
             if limit is not None:

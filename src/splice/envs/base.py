@@ -45,6 +45,7 @@ Examples:
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -63,6 +64,47 @@ from splice.envs.spaces import (
 )
 
 __all__ = ["EnvAdapter", "EnvError", "StepTargets"]
+
+#: Item formats whose memoryview assignment stores what numpy's does: integers and bools
+#: converted like numpy converts them (``__index__``, truth value; out-of-range or
+#: non-integer values raise instead), float64 through ``__float__``. Not float32/float16:
+#: numpy casts an integer scalar to them without going through a float64.
+_EXACT_ITEM_FORMATS = frozenset("?bBhHiIlLqQd")
+#: What a memoryview item assignment raises for a value numpy would cast or reject.
+ITEM_ERRORS = (TypeError, ValueError, OverflowError)
+
+
+def item_writer(column: np.ndarray) -> Any:
+    """``column`` (a ``[C]`` staging view) as a memoryview when it can take ``view[c] =
+    value`` for a scalar at about half of numpy's cost (50-90 ns instead of 100-200 ns), else
+    the array itself (``[C, ...]`` views, float32, object). A write the memoryview refuses
+    raises one of :data:`ITEM_ERRORS`: the caller then writes through the array (numpy's cast
+    or numpy's error, as always) and keeps using the array.
+
+    Examples:
+        >>> col = np.zeros(4, np.int64)
+        >>> view = item_writer(col)
+        >>> view[1] = 7
+        >>> view[2] = 2.5  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        TypeError: memoryview: invalid type for format ...
+        >>> col[2] = 2.5  # what the caller does then: numpy's cast
+        >>> col
+        array([0, 7, 2, 0])
+        >>> isinstance(item_writer(np.zeros(4, np.float32)), np.ndarray)
+        True
+    """
+    if (
+        column.ndim == 1
+        and column.flags.c_contiguous
+        and column.dtype.isnative
+        and column.dtype.char in _EXACT_ITEM_FORMATS
+    ):
+        view = column.data  # a memoryview of the array
+        if view.format == column.dtype.char:
+            return view
+    return column
 
 
 @dataclass
@@ -199,6 +241,7 @@ class EnvAdapter(ABC):
         self._next_obs = staging.next_obs
         self._next_obs0 = staging.next_obs[0]
         self._next_info = staging.next_info
+        self._next_info_ws = [item_writer(arr) for arr in staging.next_info]
         self._next_inputs = staging.next_obs + staging.next_info
         self._reward = staging.reward
         self._terminated = staging.terminated
@@ -240,10 +283,15 @@ class EnvAdapter(ABC):
         if values is None:
             values = infos.read(info, "step()", check)
         try:  # one value per leaf (InfoReader.read)
-            for arr, value in zip(self._next_info, values):  # noqa: B905
+            for arr, value in zip(self._next_info_ws, values):  # noqa: B905
                 arr[c] = value
-        except ValueError:
-            infos.raise_bad_values(values, "step()")
+        except ITEM_ERRORS:
+            self._next_info_ws = self._next_info  # numpy's writes from now on (item_writer)
+            try:
+                for arr, value in zip(self._next_info, values):  # noqa: B905
+                    arr[c] = value
+            except ValueError:
+                infos.raise_bad_values(values, "step()")
         return values
 
     # --------------------------------------------------------------- validation
@@ -300,6 +348,11 @@ class EnvAdapter(ABC):
         Returns:
             ``None``, or the mask of envs that restart (see the module docstring).
         """
+
+    def step_function(self) -> Callable[[Any, int], np.ndarray | None]:
+        """What the collector loop calls for each step: :meth:`step`, or an equivalent callable
+        an adapter makes cheaper to call (valid until the next :meth:`bind` or :meth:`select`)."""
+        return self.step
 
     @abstractmethod
     def reset_envs(self, mask: np.ndarray) -> None:

@@ -131,6 +131,7 @@ class GymVectorAdapter(EnvAdapter):
         # and sampling from a private copy leaves the env's own RNG streams untouched.
         self.random_action_space = batch_space(self.single_action_space, self.num_envs)
         self._step = env.step
+        self._no_end = bytes(self.num_envs)  # the bytes of B False flags
 
     def reset(self, seed: int | None = None) -> None:
         obs, info = self.env.reset(seed=seed)
@@ -170,10 +171,18 @@ class GymVectorAdapter(EnvAdapter):
         if check:
             self._check_step(obs, reward, terminated, truncated)
         self._last_info = info
-        self.obs = self._write_next_obs(obs, c)
-        if self.infos.keys:
-            self.obs += self._read_next_info(info, c, check)
+        values = self._write_next_obs(obs, c)
+        if self._reads_info:
+            values += self._read_next_info(info, c, check)
+        self.obs = values
         self._reward[c] = reward
+        # The flags are False at c unless written (StepTargets): nothing to write when every
+        # env goes on (all-zero bool flags compare as bytes, far cheaper than a numpy reduction)
+        try:
+            if terminated.tobytes() == self._no_end and truncated.tobytes() == self._no_end:
+                return None
+        except AttributeError:  # flags that are not numpy arrays: counted below
+            pass
         self._terminated[c] = terminated
         self._truncated[c] = truncated
         if np.count_nonzero(terminated) or np.count_nonzero(truncated):
