@@ -23,6 +23,19 @@ WEIGHTS = st.lists(st.one_of(st.just(0.0), st.floats(1e-3, 1e3)), min_size=1, ma
 )
 
 
+def assert_drawn_in_proportion(drawn: np.ndarray, w: np.ndarray) -> None:
+    """No draw of a weight-0 leaf, and a chi-square test of the counts against
+    ``weight / total`` (upper tail 1e-4, Wilson-Hilferty quantile)."""
+    counts = np.bincount(drawn, minlength=w.size)
+    assert counts[w == 0].sum() == 0
+    live = w > 0
+    expected = w[live] / w.sum() * drawn.size
+    stat = float(((counts[live] - expected) ** 2 / expected).sum())
+    df = int(live.sum()) - 1
+    c = 2 / (9 * df)
+    assert stat < df * (1 - c + 3.719 * c**0.5) ** 3, stat
+
+
 @settings(max_examples=120, deadline=None)
 @given(
     weights=WEIGHTS,
@@ -179,14 +192,7 @@ def test_sum_tree_sample_counts_follow_the_weights(kind: type[SumTree]) -> None:
     w[64:96] *= 20  # one top node far heavier than the rest: acceptance well below 1
     tree = kind(w.size)
     tree.set(np.arange(w.size), w)
-    counts = np.bincount(tree.sample(200_000, rng.random), minlength=w.size)
-    assert counts[w == 0].sum() == 0
-    live = w > 0
-    expected = w[live] / w.sum() * 200_000
-    stat = float(((counts[live] - expected) ** 2 / expected).sum())
-    df = int(live.sum()) - 1
-    c = 2 / (9 * df)  # Wilson-Hilferty chi-square quantile, upper tail 1e-4
-    assert stat < df * (1 - c + 3.719 * c**0.5) ** 3, stat
+    assert_drawn_in_proportion(tree.sample(200_000, rng.random), w)
 
 
 def test_sum_tree_sample_draws_again_for_rejected_candidates() -> None:
@@ -251,14 +257,7 @@ def test_sum_tree_draws_leaves_by_rejection_when_their_weights_are_close() -> No
         leaves, weights = tree.draw(200_000, rng.random)
         assert tree.paths == ["leaves"]
         assert np.array_equal(weights, w[leaves])  # the very stored weights
-        counts = np.bincount(leaves, minlength=w.size)
-        assert counts[w == 0].sum() == 0
-        live = w > 0
-        expected = w[live] / w.sum() * 200_000
-        stat = float(((counts[live] - expected) ** 2 / expected).sum())
-        df = int(live.sum()) - 1
-        c = 2 / (9 * df)  # Wilson-Hilferty chi-square quantile, upper tail 1e-4
-        assert stat < df * (1 - c + 3.719 * c**0.5) ** 3, stat
+        assert_drawn_in_proportion(leaves, w)
 
 
 def test_sum_tree_draw_takes_the_cheapest_exact_path() -> None:
