@@ -119,7 +119,7 @@ def _check_against_model(ix: ReplayIndex, model: Model) -> None:
 @given(capacity=st.integers(1, 30), writes=batches())
 def test_planned_writes_match_the_model(capacity: int, writes: list[list[tuple[int, int]]]) -> None:
     """The buffer's path: ``plan`` groups each trajectory of a batch into one run (the
-    order says where every input key went), then ``write`` takes its fast path."""
+    order says where every input key went), then ``write_plan`` takes the fast path."""
     ix = ReplayIndex(capacity)
     model = Model(capacity)
     for runs in writes:
@@ -134,7 +134,7 @@ def test_planned_writes_match_the_model(capacity: int, writes: list[list[tuple[i
             assert np.all(np.diff(order[where]) > 0)
         starts = np.flatnonzero(np.r_[True, plan.keys[1:] != plan.keys[:-1]])
         assert plan.run_start.tolist() == starts.tolist()
-        report = ix.write(plan.keys, plan.run_start)
+        report = ix.write_plan(plan)
         model.write(plan.keys.tolist())
         n_kept = min(keys.size, capacity)
         expected_rows = [p % capacity for p in range(model.count - n_kept, model.count)]

@@ -288,7 +288,7 @@ class ReplayIndex:
             runs, _ = _find_runs(keys)
         return WritePlan(keys, order, runs.start, runs.length, runs.keys, runs.increasing)
 
-    def write(self, keys: np.ndarray, run_start: np.ndarray | None = None) -> WriteReport:
+    def write(self, keys: np.ndarray) -> WriteReport:
         """Append rows with trajectory ``keys`` (int64, write order) at the write cursor.
 
         When more rows than the capacity arrive, only the last ``capacity`` are kept (the
@@ -296,21 +296,14 @@ class ReplayIndex:
 
         Args:
             keys: the trajectory key of every row, in write order (a trajectory may occupy
-                several runs).
-            run_start: the first position of every run of equal keys, when the caller
-                knows that each trajectory occupies one run (``plan(keys).run_start``):
-                the write then takes its fast path (a few whole-array calls per batch).
+                several runs). A caller that planned the write (:meth:`plan`: each trajectory
+                in one run) calls :meth:`write_plan` instead, the fast path.
         """
-        runs = None
-        if run_start is not None and keys.size:
-            run_len = np.empty(run_start.size, dtype=I64)
-            np.subtract(run_start[1:], run_start[:-1], out=run_len[:-1])
-            run_len[-1] = keys.size - run_start[-1]
-            runs = _Runs(run_start, run_len, keys[run_start], increasing=False)
-        return self._write(keys, runs)
+        return self._write(keys, None)
 
     def write_plan(self, plan: WritePlan) -> WriteReport:
-        """:meth:`write` the keys of ``plan`` (from :meth:`plan`) on the fast path."""
+        """:meth:`write` the keys of ``plan`` (from :meth:`plan`) on the fast path: each
+        trajectory in one run, the runs known (a few whole-array calls per batch)."""
         runs = _Runs(plan.run_start, plan.run_len, plan.run_keys, plan.increasing)
         return self._write(plan.keys, runs)
 
