@@ -303,7 +303,14 @@ class ReplayIndex:
 
     def write_plan(self, plan: WritePlan) -> WriteReport:
         """:meth:`write` the keys of ``plan`` (from :meth:`plan`) on the fast path: each
-        trajectory in one run, the runs known (a few whole-array calls per batch)."""
+        trajectory in one run, the runs known (a few whole-array calls per batch).
+
+        Examples:
+            >>> ix = ReplayIndex(capacity=8)
+            >>> report = ix.write_plan(ix.plan(np.array([5, 6, 5, 6])))
+            >>> report.new_rows.tolist(), len(ix), ix.write_count
+            ([0, 1, 2, 3], 4, 4)
+        """
         runs = _Runs(plan.run_start, plan.run_len, plan.run_keys, plan.increasing)
         return self._write(plan.keys, runs)
 
