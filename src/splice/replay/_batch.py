@@ -366,24 +366,16 @@ def known_eligible(leaves: Columns, ids_key: Key | None) -> bool:
     return True
 
 
-def flatten_known(
-    batch_shape: torch.Size, leaves: Columns, ids_key: Key | None
-) -> FlatBatch | None:
+def flatten_known(batch_shape: torch.Size, leaves: Columns, ids_key: Key | None) -> FlatBatch:
     """:func:`flatten_batch` of a batch whose :func:`signature` is that of a batch that
-    passed it (and :func:`known_eligible`): only the values of the ids are left to check.
-    None when some id is negative (padding, or refused): then the checked path says what
-    to do."""
+    passed it (and :func:`known_eligible`), but for the values of its ids: the caller checks
+    that none is negative (padding, or refused: then the checked path says what to do)."""
     ndim = len(batch_shape)
     columns = leaves if ndim == 1 else {k: v.flatten(0, ndim - 1) for k, v in leaves.items()}
-    ids = None
-    if ids_key is not None:
-        ids = columns[ids_key]
-        if ids.shape[0] and int(ids.min()) < 0:
-            return None
     return FlatBatch(
         columns=columns,
-        ids=ids,
-        n_envs=batch_shape[:-1].numel(),
+        ids=None if ids_key is None else columns[ids_key],
+        n_envs=1 if ndim == 1 else batch_shape[:-1].numel(),
         padded=False,
         row_lengths=None,
         flat=ndim == 1,

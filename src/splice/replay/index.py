@@ -111,6 +111,10 @@ class WritePlan:
     run_keys: np.ndarray
     increasing: bool
 
+    def min_key(self) -> int:
+        """The smallest key (the runs hold every key; increasing runs start with it)."""
+        return int(self.run_keys[0] if self.increasing else self.run_keys.min())
+
 
 @dataclass
 class IndexState:
