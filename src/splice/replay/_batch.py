@@ -34,10 +34,12 @@ from splice.contract import flatten_steps
 from splice.layout import MASK, Key, LayoutError, fmt_key, validate_batch
 
 __all__ = [
+    "Arrays",
     "Columns",
     "FlatBatch",
     "Kind",
     "Objects",
+    "Rows",
     "Schema",
     "Signature",
     "as_tensordict",
@@ -50,6 +52,10 @@ __all__ = [
 ]
 
 Columns = dict[Key, Tensor]
+#: Flat columns as numpy arrays (see :attr:`FlatBatch.arrays`).
+Arrays = dict[Key, np.ndarray]
+#: Rows to store, as tensors or numpy arrays (what ``Storage.write`` copies from).
+Rows = Mapping[Key, Tensor | np.ndarray]
 #: Object columns: one numpy object array ``[N]`` per non-tensor key.
 Objects = dict[Key, np.ndarray]
 
@@ -263,6 +269,10 @@ class FlatBatch:
         input_shape: the input's batch shape.
         source: the flat input position of every kept step (None: all kept, in order).
         objects: every non-tensor key, ``[N]`` numpy object arrays (like ``columns``).
+        arrays: the columns as numpy arrays (the same memory), when :func:`flatten_known`
+            made them for a storage on the CPU: then ``columns`` is empty and ``ids`` is
+            None, and the storage copies from these (flattening ``[B, T]`` numpy arrays
+            costs a fraction of flattening tensors).
     """
 
     columns: Columns
@@ -274,14 +284,31 @@ class FlatBatch:
     input_shape: torch.Size
     source: np.ndarray | None = None
     objects: Objects = field(default_factory=dict)
+    arrays: Arrays | None = None
 
     @property
     def n(self) -> int:
+        if self.arrays:
+            return next(iter(self.arrays.values())).shape[0]
         first = next(iter(self.columns.values()), None)
         if first is not None:
             return first.shape[0]
         values = next(iter(self.objects.values()), None)
         return 0 if values is None else values.shape[0]
+
+    def ids_array(self, ids_key: Key) -> np.ndarray:
+        """The ids (at ``ids_key``, the buffer's) as an int64 numpy array."""
+        if self.arrays is not None:
+            return self.arrays[ids_key]
+        assert self.ids is not None
+        return self.ids.numpy()
+
+    def flags_array(self, key: Key) -> np.ndarray | None:
+        """Column ``key`` as a numpy array (None when the batch lacks it)."""
+        if self.arrays is not None:
+            return self.arrays.get(key)
+        value = self.columns.get(key)
+        return None if value is None else value.numpy()
 
 
 def flatten_batch(td: TensorDictBase, ids_key: Key | None, *, first: bool) -> FlatBatch:
@@ -366,16 +393,44 @@ def known_eligible(leaves: Columns, ids_key: Key | None) -> bool:
     return True
 
 
-def flatten_known(batch_shape: torch.Size, leaves: Columns, ids_key: Key | None) -> FlatBatch:
+def flatten_known(
+    batch_shape: torch.Size, leaves: Columns, ids_key: Key | None, *, as_arrays: bool
+) -> FlatBatch:
     """:func:`flatten_batch` of a batch whose :func:`signature` is that of a batch that
     passed it (and :func:`known_eligible`), but for the values of its ids: the caller checks
-    that none is negative (padding, or refused: then the checked path says what to do)."""
+    that none is negative (padding, or refused: then the checked path says what to do).
+
+    ``as_arrays``: the storage is on the CPU: give the columns as numpy arrays
+    (:attr:`FlatBatch.arrays`) when every leaf has one (a CPU tensor without autograd, of
+    a dtype numpy knows), which also makes the storage's copies cheaper.
+    """
     ndim = len(batch_shape)
+    n_envs = 1 if ndim == 1 else batch_shape[:-1].numel()
+    if as_arrays:
+        try:
+            if ndim == 1:
+                arrays = {k: v.numpy() for k, v in leaves.items()}
+            else:
+                n = batch_shape.numel()
+                arrays = {k: v.numpy().reshape(n, *v.shape[ndim:]) for k, v in leaves.items()}
+        except (TypeError, RuntimeError):  # accelerators, autograd, dtypes numpy lacks
+            pass
+        else:
+            return FlatBatch(
+                columns={},
+                ids=None,
+                n_envs=n_envs,
+                padded=False,
+                row_lengths=None,
+                flat=ndim == 1,
+                input_shape=batch_shape,
+                arrays=arrays,
+            )
     columns = leaves if ndim == 1 else {k: v.flatten(0, ndim - 1) for k, v in leaves.items()}
     return FlatBatch(
         columns=columns,
         ids=None if ids_key is None else columns[ids_key],
-        n_envs=1 if ndim == 1 else batch_shape[:-1].numel(),
+        n_envs=n_envs,
         padded=False,
         row_lengths=None,
         flat=ndim == 1,

@@ -19,10 +19,12 @@ from splice._non_tensor import non_tensor_values
 from splice.layout import CUT, Key, LayoutError, all_leaves, as_key_tuple, fmt_key
 from splice.replay import _output
 from splice.replay._batch import (
+    Arrays,
     Columns,
     FlatBatch,
     Kind,
     Objects,
+    Rows,
     Schema,
     Signature,
     as_tensordict,
@@ -260,11 +262,12 @@ class ReplayBuffer:
             and known.bounds is seen_bounds
             and sig[0] == known.signature
         ):
-            batch = flatten_known(sig[0][0], sig[1], seen_bounds.ids_key)
+            ids_key = seen_bounds.ids_key
+            batch = flatten_known(sig[0][0], sig[1], ids_key, as_arrays=self._cpu_storage)
             layout = _layout(seen_bounds, batch)
             # Ids are the keys: a negative one (padding, or refused) sends the batch down
             # the checked path, which drops or refuses it as before.
-            if layout is None or batch.ids is None or layout.plan.min_key() >= 0:
+            if layout is None or ids_key is None or layout.plan.min_key() >= 0:
                 return _Staged(seen_bounds, seen_schema, seen_bounds, batch, seen_schema, layout)
         bounds = seen_bounds
         if bounds is None:
@@ -307,12 +310,14 @@ class ReplayBuffer:
         plan, open_keys, next_key = layout.plan, layout.open_keys, layout.next_key
         columns, objects, order = layout.columns, layout.objects, plan.order
         capacity = storage.max_size
-        written = columns
+        written: Rows = columns
+        if layout.arrays is not None:  # (made for a storage on the CPU only)
+            written = layout.arrays
+        elif not self._cpu_storage:  # (a CPU storage copies from any device itself)
+            written = _on_device(columns, storage.device)
         if n > capacity:
-            written = {k: v[n - capacity :] for k, v in columns.items()}
+            written = {k: v[n - capacity :] for k, v in written.items()}
             objects = {k: v[n - capacity :] for k, v in objects.items()}
-        if not self._cpu_storage:  # (a CPU storage copies from any device itself)
-            written = _on_device(written, storage.device)
         start_row = (index.write_count + max(n - capacity, 0)) % capacity
         after = None
         if self._durable:  # the storage's durability hooks do something: give them their state
@@ -780,6 +785,7 @@ class _Layout:
     objects: Objects
     seen_open: np.ndarray
     seen_next: int
+    arrays: Arrays | None = None  # the batch's arrays, in that order (``FlatBatch.arrays``)
 
     def current(self, bounds: Boundaries) -> bool:
         return bounds.open_keys is self.seen_open and bounds.next_key == self.seen_next
@@ -792,12 +798,16 @@ def _layout(bounds: Boundaries, batch: FlatBatch) -> _Layout | None:
         return None
     keys, open_keys, next_key = bounds.keys_for(batch)
     plan = ReplayIndex.plan(keys)
-    columns, objects = batch.columns, batch.objects
+    columns, objects, arrays = batch.columns, batch.objects, batch.arrays
     if plan.order is not None:
         order = torch.from_numpy(plan.order)
         columns = {k: take_rows(v, order) for k, v in columns.items()}
         objects = {k: v[plan.order] for k, v in objects.items()}
-    return _Layout(plan, open_keys, next_key, columns, objects, bounds.open_keys, bounds.next_key)
+        if arrays is not None:
+            arrays = {k: v.take(plan.order, axis=0) for k, v in arrays.items()}
+    return _Layout(
+        plan, open_keys, next_key, columns, objects, bounds.open_keys, bounds.next_key, arrays
+    )
 
 
 def _key(key: NestedKey | None) -> Key | None:

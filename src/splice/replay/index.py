@@ -164,6 +164,9 @@ class ReplayIndex:
         self.keys = KeyMap()
         self.write_count = 0
         self.lo = 0
+        #: The slot of the last trajectory a write ended with (-1: none), a hint for the next
+        #: write's first key (checked against the slot's key before use).
+        self._last_written = -1
 
     # ------------------------------------------------------------------ queries
     def __len__(self) -> int:
@@ -446,10 +449,16 @@ class ReplayIndex:
         tail = -1  # runs [tail:] are new trajectories (-1: look every run up)
         if runs.increasing and R > 1 and km.above_all(run_keys[1]):
             # One env's stream (the common case): keys grow, so every run but the first is
-            # a trajectory never seen; only the first is looked up.
-            slot = np.full(R, -1, dtype=I64)
-            slot[0] = km.lookup_one(int(run_keys[0]))
-            tail = 0 if slot[0] < 0 else 1
+            # a trajectory never seen; only the first is looked up (usually the trajectory
+            # the previous write ended with: no search).
+            key = int(run_keys[0])
+            first_slot = self._last_written
+            if first_slot < 0 or key < 0 or int(T[_KEY][first_slot]) != key:
+                first_slot = km.lookup_one(key)
+            slot = np.empty(R, dtype=I64)
+            slot[0] = first_slot
+            slot[1:] = -1
+            tail = 0 if first_slot < 0 else 1
         else:
             slot = km.lookup(run_keys)
         # Read before new slots are allocated: a new trajectory (slot -1) reads the pool's
@@ -505,6 +514,7 @@ class ReplayIndex:
         T[_LAST][slot] = per_run[1] + end_row
         T[_LAST_ROW][slot] = end_row
         T[_LAST_SEG][slot] = seg
+        self._last_written = int(slot[-1])
         self.write_count += n
         return rows, slot
 
@@ -618,6 +628,7 @@ class ReplayIndex:
         self.traj.restore(state.traj)
         self.seg.restore(state.seg)
         self.keys.restore(state.keys)
+        self._last_written = -1
 
 
 @dataclass(slots=True)  # (not frozen: a frozen init costs ~5x, once per extend)
