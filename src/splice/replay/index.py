@@ -446,7 +446,6 @@ class ReplayIndex:
         R = run_start.size
         T = self.traj.data
         km = self.keys
-        tail = -1  # runs [tail:] are new trajectories (-1: look every run up)
         if runs.increasing and R > 1 and km.above_all(run_keys[1]):
             # One env's stream (the common case): keys grow, so every run but the first is
             # a trajectory never seen; only the first is looked up (usually the trajectory
@@ -455,12 +454,8 @@ class ReplayIndex:
             first_slot = self._last_written
             if first_slot < 0 or key < 0 or int(T[_KEY][first_slot]) != key:
                 first_slot = km.lookup_one(key)
-            slot = np.empty(R, dtype=I64)
-            slot[0] = first_slot
-            slot[1:] = -1
-            tail = 0 if first_slot < 0 else 1
-        else:
-            slot = km.lookup(run_keys)
+            return rows, self._insert_stream(keys, runs, rows, first_slot)
+        slot = km.lookup(run_keys)
         # Read before new slots are allocated: a new trajectory (slot -1) reads the pool's
         # scratch column, which holds a new trajectory's fields (no last step, row or
         # segment).
@@ -471,18 +466,12 @@ class ReplayIndex:
         # other run ends the previous run, another trajectory's.
         merge = int(T[_LAST_ROW][slot[0]]) == a0 - 1
         start_row = run_start + a0
-        if tail >= 0:
-            fresh = self._new_slots(run_keys[tail:], increasing=True)
-            slot[tail:] = fresh
+        new = slot < 0
+        if np.count_nonzero(new):
+            fresh = self._new_slots(run_keys[new], increasing=runs.increasing)
+            slot[new] = fresh
             T = self.traj.data  # the pool may have grown
-            T[_FIRST_ROW][fresh] = start_row[tail:]
-        else:
-            new = slot < 0
-            if np.count_nonzero(new):
-                fresh = self._new_slots(run_keys[new], increasing=runs.increasing)
-                slot[new] = fresh
-                T = self.traj.data  # the pool may have grown
-                T[_FIRST_ROW][fresh] = start_row[new]
+            T[_FIRST_ROW][fresh] = start_row[new]
         end_row = start_row + run_len
         end_row -= 1
         # A new segment per run but a merged first one, linked after its trajectory's last
@@ -517,6 +506,75 @@ class ReplayIndex:
         self._last_written = int(slot[-1])
         self.write_count += n
         return rows, slot
+
+    def _insert_stream(
+        self, keys: np.ndarray, runs: _Runs, rows: np.ndarray, first_slot: int
+    ) -> np.ndarray:
+        """:meth:`_insert` of one env's stream: every run but the first is a new trajectory
+        (their keys increase and are above every stored key); the first continues the
+        trajectory at ``first_slot`` (-1: it is new too). The general path's result, with
+        the first run's reads as scalars and the new trajectories' as constants (no last
+        step, no segment to link after). Returns the runs' slots."""
+        run_start, run_len, run_keys = runs.start, runs.length, runs.keys
+        n, R = keys.size, run_start.size
+        a0 = int(rows[0])
+        T = self.traj.data
+        tail = 0 if first_slot < 0 else 1  # runs [tail:] are new trajectories
+        first_step, first_prev_seg, merge = 0, -1, False
+        if tail:
+            first_step = int(T[_LAST][first_slot]) + 1
+            first_prev_seg = int(T[_LAST_SEG][first_slot])
+            # (only the first run can extend its trajectory's last segment)
+            merge = int(T[_LAST_ROW][first_slot]) == a0 - 1
+        start_row = run_start + a0
+        end_row = start_row + run_len
+        end_row -= 1
+        fresh = self._new_slots(run_keys[tail:], increasing=True)
+        T = self.traj.data  # the pool may have grown
+        T[_FIRST_ROW][fresh] = start_row[tail:]
+        if tail:
+            slot = np.empty(R, dtype=I64)
+            slot[0] = first_slot
+            slot[1:] = fresh
+        else:
+            slot = fresh
+        # A new segment per run but a merged first one; only the first run's new segment
+        # can follow an earlier segment of its trajectory.
+        if merge:
+            ids = self.seg.alloc(R - 1)
+            seg = np.empty(R, dtype=I64)
+            seg[0] = first_prev_seg
+            seg[1:] = ids
+            lo = start_row[1:]
+        else:
+            seg = ids = self.seg.alloc(R)
+            lo = start_row
+        S = self.seg.data
+        S[_LO][ids] = lo
+        S[_BACK][ids] = -1
+        S[_FWD][ids] = -1
+        if not merge and first_prev_seg >= 0:
+            S[_BACK][ids[0]] = first_prev_seg
+            S[_FWD][first_prev_seg] = ids[0]
+        S[_HI][seg] = end_row
+        # Per row: slot, step and segment, repeated from the runs in one call (a row's
+        # step is its run's first step minus its first row, plus its row).
+        per_run = np.empty((3, R), dtype=I64)
+        per_run[0] = slot
+        np.negative(start_row, out=per_run[1])
+        if first_step:
+            per_run[1, 0] += first_step
+        per_run[2] = seg
+        info = per_run.repeat(run_len, axis=1)
+        info[1] += rows
+        self._row_info[:, a0 : a0 + n] = info
+        self.row_key[a0 : a0 + n] = keys
+        T[_LAST][slot] = per_run[1] + end_row
+        T[_LAST_ROW][slot] = end_row
+        T[_LAST_SEG][slot] = seg
+        self._last_written = int(slot[-1])
+        self.write_count += n
+        return slot
 
     def _insert_interleaved(self, keys: np.ndarray, rows: np.ndarray) -> np.ndarray:
         """General insertion: a trajectory may occupy several runs of this write."""
