@@ -267,6 +267,7 @@ class FlatBatch:
         row_lengths: for padded input, the number of kept steps of each input row.
         flat: the input was flat ``[N]`` (no env rows to tell streams apart).
         input_shape: the input's batch shape.
+        n: the number of steps kept (``N``).
         source: the flat input position of every kept step (None: all kept, in order).
         objects: every non-tensor key, ``[N]`` numpy object arrays (like ``columns``).
         arrays: the columns as numpy arrays (the same memory), when :func:`flatten_known`
@@ -282,19 +283,10 @@ class FlatBatch:
     row_lengths: np.ndarray | None
     flat: bool
     input_shape: torch.Size
+    n: int
     source: np.ndarray | None = None
     objects: Objects = field(default_factory=dict)
     arrays: Arrays | None = None
-
-    @property
-    def n(self) -> int:
-        if self.arrays:
-            return next(iter(self.arrays.values())).shape[0]
-        first = next(iter(self.columns.values()), None)
-        if first is not None:
-            return first.shape[0]
-        values = next(iter(self.objects.values()), None)
-        return 0 if values is None else values.shape[0]
 
     def ids_array(self, ids_key: Key) -> np.ndarray:
         """The ids (at ``ids_key``, the buffer's) as an int64 numpy array."""
@@ -336,6 +328,12 @@ def flatten_batch(td: TensorDictBase, ids_key: Key | None, *, first: bool) -> Fl
     if steps.real is not None:
         source = steps.real.nonzero().squeeze(1).numpy()
         kept = steps.without_padding()
+    leaf = next(iter(kept.columns.values()), None)
+    if leaf is not None:
+        n = leaf.shape[0]
+    else:
+        values = next(iter(kept.objects.values()), None)
+        n = 0 if values is None else values.shape[0]
     return FlatBatch(
         columns=kept.columns,
         ids=kept.ids,
@@ -344,6 +342,7 @@ def flatten_batch(td: TensorDictBase, ids_key: Key | None, *, first: bool) -> Fl
         row_lengths=row_lengths,
         flat=len(steps.batch_shape) == 1,
         input_shape=steps.batch_shape,
+        n=n,
         source=source,
         objects=kept.objects,
     )
@@ -406,12 +405,12 @@ def flatten_known(
     """
     ndim = len(batch_shape)
     n_envs = 1 if ndim == 1 else batch_shape[:-1].numel()
+    n = batch_shape[0] if ndim == 1 else batch_shape.numel()
     if as_arrays:
         try:
             if ndim == 1:
                 arrays = {k: v.numpy() for k, v in leaves.items()}
             else:
-                n = batch_shape.numel()
                 arrays = {k: v.numpy().reshape(n, *v.shape[ndim:]) for k, v in leaves.items()}
         except (TypeError, RuntimeError):  # accelerators, autograd, dtypes numpy lacks
             pass
@@ -424,6 +423,7 @@ def flatten_known(
                 row_lengths=None,
                 flat=ndim == 1,
                 input_shape=batch_shape,
+                n=n,
                 arrays=arrays,
             )
     columns = leaves if ndim == 1 else {k: v.flatten(0, ndim - 1) for k, v in leaves.items()}
@@ -435,4 +435,5 @@ def flatten_known(
         row_lengths=None,
         flat=ndim == 1,
         input_shape=batch_shape,
+        n=n,
     )

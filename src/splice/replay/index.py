@@ -287,13 +287,12 @@ class ReplayIndex:
         """
         if keys.dtype != I64 or keys.ndim != 1 or not keys.flags.c_contiguous:
             keys = np.ascontiguousarray(keys, dtype=I64).reshape(-1)
-        order = None
-        runs, split = _find_runs(keys)
+        plan, split = _find_runs(keys)
         if split:  # a trajectory in several runs: regroup (stable, so steps keep their order)
             order = index_by_id(torch.from_numpy(keys)).cat_order().numpy()
-            keys = keys[order]
-            runs, _ = _find_runs(keys)
-        return WritePlan(keys, order, runs.start, runs.length, runs.keys, runs.increasing)
+            plan, _ = _find_runs(keys[order])
+            plan.order = order
+        return plan
 
     def write(self, keys: np.ndarray) -> WriteReport:
         """Append rows with trajectory ``keys`` (int64, write order) at the write cursor.
@@ -318,10 +317,9 @@ class ReplayIndex:
             >>> report.new_rows.tolist(), len(ix), ix.write_count
             ([0, 1, 2, 3], 4, 4)
         """
-        runs = _Runs(plan.run_start, plan.run_len, plan.run_keys, plan.increasing)
-        return self._write(plan.keys, runs)
+        return self._write(plan.keys, plan)
 
-    def _write(self, keys: np.ndarray, runs: _Runs | None) -> WriteReport:
+    def _write(self, keys: np.ndarray, runs: WritePlan | None) -> WriteReport:
         n = keys.size
         evicted, head_slots, head_old, freed = self._evict(n)
         if n > self.capacity:
@@ -425,7 +423,7 @@ class ReplayIndex:
             self.keys.assign(keys[order], fresh[order])
         return fresh
 
-    def _insert(self, keys: np.ndarray, runs: _Runs | None) -> tuple[np.ndarray, np.ndarray]:
+    def _insert(self, keys: np.ndarray, runs: WritePlan | None) -> tuple[np.ndarray, np.ndarray]:
         """Insert ``keys`` at the write cursor; the rows must not cross the ring seam.
 
         ``runs``: the runs of ``keys``, when each trajectory occupies one run.
@@ -442,7 +440,7 @@ class ReplayIndex:
         # Each trajectory occupies one run of this write: every step below is one numpy
         # call over the runs (or the rows), whatever the number of trajectories. (1-D
         # gathers and scatters: numpy's ``a[i, idx]`` costs several times ``a[i][idx]``.)
-        run_start, run_len, run_keys = runs.start, runs.length, runs.keys
+        run_start, run_len, run_keys = runs.run_start, runs.run_len, runs.run_keys
         R = run_start.size
         T = self.traj.data
         km = self.keys
@@ -508,14 +506,14 @@ class ReplayIndex:
         return rows, slot
 
     def _insert_stream(
-        self, keys: np.ndarray, runs: _Runs, rows: np.ndarray, first_slot: int
+        self, keys: np.ndarray, runs: WritePlan, rows: np.ndarray, first_slot: int
     ) -> np.ndarray:
         """:meth:`_insert` of one env's stream: every run but the first is a new trajectory
         (their keys increase and are above every stored key); the first continues the
         trajectory at ``first_slot`` (-1: it is new too). The general path's result, with
         the first run's reads as scalars and the new trajectories' as constants (no last
         step, no segment to link after). Returns the runs' slots."""
-        run_start, run_len, run_keys = runs.start, runs.length, runs.keys
+        run_start, run_len, run_keys = runs.run_start, runs.run_len, runs.run_keys
         n, R = keys.size, run_start.size
         a0 = int(rows[0])
         T = self.traj.data
@@ -689,18 +687,9 @@ class ReplayIndex:
         self._last_written = -1
 
 
-@dataclass(slots=True)  # (not frozen: a frozen init costs ~5x, once per extend)
-class _Runs:
-    """The runs of equal keys of a write (see :class:`WritePlan`)."""
-
-    start: np.ndarray
-    length: np.ndarray
-    keys: np.ndarray
-    increasing: bool
-
-
-def _find_runs(keys: np.ndarray) -> tuple[_Runs, bool]:
-    """The runs of equal consecutive ``keys``, and whether a key occupies several runs."""
+def _find_runs(keys: np.ndarray) -> tuple[WritePlan, bool]:
+    """The runs of equal consecutive ``keys`` (a plan in the given order), and whether a key
+    occupies several runs."""
     n = keys.size
     head = np.empty(n + 1, dtype=bool)  # True at every run's start, and at the end
     head[0] = head[n] = True
@@ -714,4 +703,4 @@ def _find_runs(keys: np.ndarray) -> tuple[_Runs, bool]:
         increasing = False
         ranked = np.sort(run_keys)
         split = bool(np.count_nonzero(ranked[1:] == ranked[:-1]))
-    return _Runs(start, edges[1:] - start, run_keys, increasing), split
+    return WritePlan(keys, None, start, edges[1:] - start, run_keys, increasing), split

@@ -300,6 +300,8 @@ class Storage:
             if head < n:
                 put_rows(dest, start_row, src[:head], view)
                 put_rows(dest, 0, src[head:], view)
+            elif view is not None and isinstance(src, np.ndarray):  # (put_rows, inlined)
+                view[start_row : start_row + n] = src
             else:
                 put_rows(dest, start_row, src, view)
         if not (self.shared or objects):
