@@ -622,3 +622,29 @@ def test_a_batch_staged_before_another_writers_commit_is_keyed_again() -> None:
     assert torch.equal(rows_b, rows)
     for r in range(len(ordered)):
         assert raced.index.describe(r) == ordered.index.describe(r)
+
+
+def test_a_storage_that_overrides_a_durability_hook_gets_every_call() -> None:
+    """An extend builds the commit state and the rows for ``stage``/``begin_write``/
+    ``commit`` only for a storage that overrides one of them (issue 16: the in-memory
+    storage's are no-ops); a subclass, or a hook set on the instance, gets every call with
+    the state after the write."""
+
+    class Recording(LazyTensorStorage):
+        calls: list[tuple[str, object]]
+
+        def begin_write(self, rows: np.ndarray) -> None:
+            self.calls.append(("begin_write", rows.tolist()))
+
+    storage = Recording(4)
+    storage.calls = []
+    staged: list[object] = []
+    storage.stage = staged.append  # type: ignore[method-assign]
+    rb = ReplayBuffer(storage=storage)
+    rb.extend(_ids_batch([0, 0, 1], 0, [3]))
+    rb.extend(_ids_batch([1, 2, 2], 3, [3]))
+    assert storage.calls == [("begin_write", [0, 1, 2]), ("begin_write", [3, 0, 1])]
+    assert [(s.write_count, s.lo, s.kind) for s in staged] == [  # type: ignore[attr-defined]
+        (3, 0, "tensordict"),
+        (6, 2, "tensordict"),
+    ]

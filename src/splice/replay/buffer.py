@@ -171,9 +171,11 @@ class ReplayBuffer:
         #: boundaries it was checked against are the buffer's).
         self._known: _Known | None = None
         #: Whether the storage's durability hooks (``stage``, ``begin_write``, ``commit``)
-        #: do anything; an extend skips building their arguments when none is overridden.
+        #: may do anything: an extend skips building their arguments when the storage has
+        #: the base class's no-op for all three (an override in a subclass or on the
+        #: instance counts).
         self._durable = any(
-            getattr(type(storage), hook) is not getattr(Storage, hook)
+            getattr(getattr(storage, hook), "__func__", None) is not getattr(Storage, hook)
             for hook in ("stage", "begin_write", "commit")
         )
         self._cpu_storage = storage.device.type == "cpu"
