@@ -32,6 +32,26 @@ class Model:
         return out
 
 
+def assert_trajectory(ix: ReplayIndex, key: int, rows: list[int]) -> None:
+    """The index holds trajectory ``key`` at ``rows`` (the model's, oldest first): its keys,
+    consecutive steps, the walks back and forward, and a window over it."""
+    steps = [ix.describe(r) for r in rows]
+    assert all(k == key for k, _ in steps)
+    got = [s for _, s in steps]
+    assert got == list(range(got[0], got[0] + len(got))), (key, got)
+    anchor = np.full(len(rows), rows[-1], dtype=np.int64)
+    back = np.arange(len(rows) - 1, -1, -1, dtype=np.int64)
+    assert ix.rows_back(anchor, back).tolist() == rows
+    fwd = np.full(len(rows), rows[0], dtype=np.int64)
+    assert ix.rows_forward(fwd, np.arange(len(rows), dtype=np.int64)).tolist() == rows
+    r = np.array(rows, dtype=np.int64)
+    assert ix.steps_before(r).tolist() == list(range(len(rows)))
+    assert ix.steps_after(r).tolist() == list(range(len(rows) - 1, -1, -1))
+    width = len(rows) + 2
+    win = ix.window_rows(r[-1:], 0, np.array([len(rows)]), width)
+    assert win[0].tolist() == [*rows, -1, -1]
+
+
 def batches():
     key_runs = st.lists(
         st.tuples(st.integers(0, 6), st.integers(1, 7)), min_size=1, max_size=6
@@ -53,21 +73,7 @@ def test_index_matches_model(capacity: int, writes: list[list[tuple[int, int]]])
         trajs = model.trajectories()
         assert ix.num_trajectories == len(trajs)
         for key, rows in trajs.items():
-            steps = [ix.describe(r) for r in rows]
-            assert all(k == key for k, _ in steps)
-            got = [s for _, s in steps]
-            assert got == list(range(got[0], got[0] + len(got))), (key, got)
-            anchor = np.full(len(rows), rows[-1], dtype=np.int64)
-            back = np.arange(len(rows) - 1, -1, -1, dtype=np.int64)
-            assert ix.rows_back(anchor, back).tolist() == rows
-            fwd = np.full(len(rows), rows[0], dtype=np.int64)
-            assert ix.rows_forward(fwd, np.arange(len(rows), dtype=np.int64)).tolist() == rows
-            r = np.array(rows, dtype=np.int64)
-            assert ix.steps_before(r).tolist() == list(range(len(rows)))
-            assert ix.steps_after(r).tolist() == list(range(len(rows) - 1, -1, -1))
-            width = len(rows) + 2
-            win = ix.window_rows(r[-1:], 0, np.array([len(rows)]), width)
-            assert win[0].tolist() == [*rows, -1, -1]
+            assert_trajectory(ix, key, rows)
         dead = set(range(capacity)) - {p % capacity for _, p in model.pos}
         assert all(ix.row_slot[d] < 0 for d in dead)
 
@@ -183,14 +189,6 @@ def test_stream_writes_match_the_model(
         assert ix.num_trajectories == len(trajs)
         segments = 0
         for k, rows in trajs.items():
-            steps = [ix.describe(r) for r in rows]
-            assert all(got == k for got, _ in steps)
-            got = [s for _, s in steps]
-            assert got == list(range(got[0], got[0] + len(got))), (k, got)
-            anchor = np.full(len(rows), rows[-1], dtype=np.int64)
-            back = np.arange(len(rows) - 1, -1, -1, dtype=np.int64)
-            assert ix.rows_back(anchor, back).tolist() == rows
-            fwd = np.full(len(rows), rows[0], dtype=np.int64)
-            assert ix.rows_forward(fwd, np.arange(len(rows), dtype=np.int64)).tolist() == rows
+            assert_trajectory(ix, k, rows)
             segments += 1 + sum(b != a + 1 for a, b in itertools.pairwise(rows))
         assert ix.seg.n_used == segments

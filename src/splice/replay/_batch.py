@@ -404,8 +404,9 @@ def flatten_known(
     a dtype numpy knows), which also makes the storage's copies cheaper.
     """
     ndim = len(batch_shape)
-    n_envs = 1 if ndim == 1 else batch_shape[:-1].numel()
     n = batch_shape[0] if ndim == 1 else batch_shape.numel()
+    columns: Columns = {}
+    arrays: Arrays | None = None
     if as_arrays:
         try:
             if ndim == 1:
@@ -413,27 +414,17 @@ def flatten_known(
             else:
                 arrays = {k: v.numpy().reshape(n, *v.shape[ndim:]) for k, v in leaves.items()}
         except (TypeError, RuntimeError):  # accelerators, autograd, dtypes numpy lacks
-            pass
-        else:
-            return FlatBatch(
-                columns={},
-                ids=None,
-                n_envs=n_envs,
-                padded=False,
-                row_lengths=None,
-                flat=ndim == 1,
-                input_shape=batch_shape,
-                n=n,
-                arrays=arrays,
-            )
-    columns = leaves if ndim == 1 else {k: v.flatten(0, ndim - 1) for k, v in leaves.items()}
+            arrays = None
+    if arrays is None:
+        columns = leaves if ndim == 1 else {k: v.flatten(0, ndim - 1) for k, v in leaves.items()}
     return FlatBatch(
         columns=columns,
-        ids=None if ids_key is None else columns[ids_key],
-        n_envs=n_envs,
+        ids=None if ids_key is None or arrays is not None else columns[ids_key],
+        n_envs=1 if ndim == 1 else batch_shape[:-1].numel(),
         padded=False,
         row_lengths=None,
         flat=ndim == 1,
         input_shape=batch_shape,
         n=n,
+        arrays=arrays,
     )

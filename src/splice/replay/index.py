@@ -494,15 +494,7 @@ class ReplayIndex:
         per_run[0] = slot
         np.subtract(step0, start_row, out=per_run[1])  # a row's step: this + its row
         per_run[2] = seg
-        info = per_run.repeat(run_len, axis=1)
-        info[1] += rows
-        self._row_info[:, a0 : a0 + n] = info
-        self.row_key[a0 : a0 + n] = keys
-        T[_LAST][slot] = per_run[1] + end_row
-        T[_LAST_ROW][slot] = end_row
-        T[_LAST_SEG][slot] = seg
-        self._last_written = int(slot[-1])
-        self.write_count += n
+        self._record_rows(keys, rows, per_run, run_len, end_row)
         return rows, slot
 
     def _insert_stream(
@@ -514,7 +506,7 @@ class ReplayIndex:
         the first run's reads as scalars and the new trajectories' as constants (no last
         step, no segment to link after). Returns the runs' slots."""
         run_start, run_len, run_keys = runs.run_start, runs.run_len, runs.run_keys
-        n, R = keys.size, run_start.size
+        R = run_start.size
         a0 = int(rows[0])
         T = self.traj.data
         tail = 0 if first_slot < 0 else 1  # runs [tail:] are new trajectories
@@ -563,16 +555,31 @@ class ReplayIndex:
         if first_step:
             per_run[1, 0] += first_step
         per_run[2] = seg
+        self._record_rows(keys, rows, per_run, run_len, end_row)
+        return slot
+
+    def _record_rows(
+        self,
+        keys: np.ndarray,
+        rows: np.ndarray,
+        per_run: np.ndarray,
+        run_len: np.ndarray,
+        end_row: np.ndarray,
+    ) -> None:
+        """The end of an insert of runs (each trajectory in one run): every row's slot,
+        step and segment from ``per_run`` (``[3, runs]``: slot, first step minus first
+        row, segment), its key, and each trajectory's last step, row and segment."""
+        a0, n = int(rows[0]), keys.size
         info = per_run.repeat(run_len, axis=1)
         info[1] += rows
         self._row_info[:, a0 : a0 + n] = info
         self.row_key[a0 : a0 + n] = keys
+        slot, T = per_run[0], self.traj.data
         T[_LAST][slot] = per_run[1] + end_row
         T[_LAST_ROW][slot] = end_row
-        T[_LAST_SEG][slot] = seg
+        T[_LAST_SEG][slot] = per_run[2]
         self._last_written = int(slot[-1])
         self.write_count += n
-        return slot
 
     def _insert_interleaved(self, keys: np.ndarray, rows: np.ndarray) -> np.ndarray:
         """General insertion: a trajectory may occupy several runs of this write."""
