@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-__all__ = ["numpy_view", "put_rows", "stable_order", "take_rows", "take_rows_of"]
+__all__ = ["as_tensor", "numpy_view", "put_rows", "stable_order", "take_rows", "take_rows_of"]
 
 
 def take_rows(x: Tensor, rows: Tensor) -> Tensor:
@@ -107,7 +107,19 @@ def numpy_view(x: Tensor) -> np.ndarray | None:
         return None
 
 
-def put_rows(dest: Tensor, start: int, src: Tensor, view: np.ndarray | None = None) -> None:
+def as_tensor(x: Tensor | np.ndarray) -> Tensor:
+    """``x`` as a tensor (a numpy array becomes one that shares its memory).
+
+    Examples:
+        >>> as_tensor(np.arange(3)).tolist(), as_tensor(torch.ones(1)).tolist()
+        ([0, 1, 2], [1.0])
+    """
+    return x if isinstance(x, Tensor) else torch.from_numpy(x)
+
+
+def put_rows(
+    dest: Tensor, start: int, src: Tensor | np.ndarray, view: np.ndarray | None = None
+) -> None:
     """``dest[start : start + len(src)] = src`` (same dtype), through numpy on the CPU.
 
     A torch slice plus ``copy_`` costs about 10 us per call on this project's benchmark
@@ -124,10 +136,16 @@ def put_rows(dest: Tensor, start: int, src: Tensor, view: np.ndarray | None = No
     """
     if view is None:
         view = numpy_view(dest)
-    if view is not None and src.device.type == "cpu" and not src.requires_grad:
-        try:
+    if isinstance(src, np.ndarray):  # (a numpy ``src`` has the dtype of ``dest``)
+        if view is not None:
+            view[start : start + src.shape[0]] = src
+        else:
+            dest[start : start + src.shape[0]].copy_(torch.from_numpy(src))
+        return
+    if view is not None:
+        try:  # (``numpy()`` refuses accelerators, autograd and dtypes numpy lacks: no checks)
             view[start : start + src.shape[0]] = src.numpy()
             return
-        except (TypeError, RuntimeError):  # a dtype numpy lacks
+        except (TypeError, RuntimeError):
             pass
     dest[start : start + src.shape[0]].copy_(src)

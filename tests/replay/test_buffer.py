@@ -348,6 +348,119 @@ def test_a_batch_laid_out_as_the_last_one_still_has_its_ids_checked(shape: list[
     assert [rb.index.describe(r)[0] for r in rows.reshape(-1).tolist()] == [5, 5, 5, 6, 6, 6]
 
 
+def _ids_batch(ids: list[int], x0: int, shape: list[int]) -> TensorDict:
+    n = len(ids)
+    data = {
+        TRAJ_IDS: torch.tensor(ids),
+        "x": torch.arange(x0, x0 + n, dtype=torch.float32),
+        ("next", "done"): torch.zeros(n, 1, dtype=torch.bool),
+    }
+    return TensorDict(data, [n]).reshape(shape)
+
+
+_CHANGES = {
+    "dtype": lambda td: td.set("x", td["x"].double()),
+    "per-step shape": lambda td: td.set("x", td["x"].unsqueeze(-1)),
+    "missing key": lambda td: td.exclude(("next", "done")),
+    "extra key": lambda td: td.set("y", torch.zeros(td.shape)),
+    "nested dtype": lambda td: td.set(("next", "done"), td["next", "done"].to(torch.uint8)),
+}
+
+
+@pytest.mark.parametrize("shape", [[6], [2, 3]])
+@pytest.mark.parametrize("change", sorted(_CHANGES))
+def test_a_batch_unlike_the_last_one_takes_the_full_check(shape: list[int], change: str) -> None:
+    """The known path (a batch laid out as the last checked one skips the layout checks) is
+    taken only for the same keys, dtypes and shapes: a batch that differs in one key's dtype,
+    per-step shape or presence raises the checked path's error (the one a buffer that never
+    took the known path raises), with nothing stored; the next good batch goes on."""
+    rb = ReplayBuffer(storage=LazyTensorStorage(50), sampler=SliceSampler(slice_len=2, seed=0))
+    rb.extend(_ids_batch([0, 0, 0, 1, 1, 1], 0, shape))
+    rb.extend(_ids_batch([1, 1, 2, 2, 2, 2], 6, shape))  # the known path from here
+    fresh = ReplayBuffer(storage=LazyTensorStorage(50), sampler=SliceSampler(slice_len=2))
+    fresh.extend(_ids_batch([0, 0, 0, 1, 1, 1], 0, shape))  # checked path only
+    bad = _CHANGES[change](_ids_batch([3, 3, 3, 4, 4, 4], 12, shape))
+    with pytest.raises(LayoutError) as expected:
+        fresh.extend(bad)
+    before = (len(rb), rb.write_count, rb[:]["x"].tolist(), rb.index.state().row_slot.copy())
+    with pytest.raises(LayoutError) as got:
+        rb.extend(bad)
+    assert str(got.value) == str(expected.value)
+    after = (len(rb), rb.write_count, rb[:]["x"].tolist(), rb.index.state().row_slot)
+    assert after[:3] == before[:3] and np.array_equal(after[3], before[3])
+    rows = rb.extend(_ids_batch([3, 3, 3, 4, 4, 4], 12, shape))
+    assert rb[rows.reshape(-1)]["x"].tolist() == list(range(12, 18))
+
+
+@st.composite
+def _env_batches(draw: st.DrawFn) -> tuple[int, list[tuple[list[list[int]], str]]]:
+    """A capacity and batches of ``B`` envs' streams (ids increasing per env, episodes of
+    random lengths), each given as ``[B, T]``, flattened env-major, or flattened time-major
+    (trajectories interleave: the buffer regroups them)."""
+    capacity = draw(st.integers(3, 40))
+    n_envs = draw(st.integers(1, 3))
+    next_id = [1000 * e for e in range(n_envs)]
+    batches = []
+    for _ in range(draw(st.integers(1, 8))):
+        T = draw(st.integers(1, 9))
+        ids = []
+        for e in range(n_envs):
+            row = []
+            for _ in range(T):
+                if draw(st.integers(0, 3)) == 0:
+                    next_id[e] += 1  # a new episode of env e
+                row.append(next_id[e])
+            ids.append(row)
+        batches.append((ids, draw(st.sampled_from(["grid", "env-major", "time-major"]))))
+    return capacity, batches
+
+
+@settings(max_examples=120, deadline=None)
+@given(case=_env_batches(), contiguous=st.booleans())
+def test_rows_returned_by_extend_address_the_written_steps(
+    case: tuple[int, list[tuple[list[list[int]], str]]], contiguous: bool
+) -> None:
+    """On every path of ``extend`` (the first, checked batch; then the known path, numpy
+    arrays to the storage; ``[B, T]``, flat env-major, flat time-major batches that the
+    buffer regroups; strided inputs; the ring wrapping, batches larger than the storage),
+    the row returned for each input step holds that step (its values and its trajectory);
+    steps of a batch larger than the storage share rows, one of them stored."""
+    capacity, batches = case
+    rb = ReplayBuffer(storage=LazyTensorStorage(capacity), sampler=SliceSampler(slice_len=2))
+    x0 = 0
+    for ids, layout in batches:
+        grid = torch.tensor(ids)  # [B, T]
+        B, T = grid.shape
+        x = torch.arange(x0, x0 + B * T, dtype=torch.float32).reshape(B, T)
+        x0 += B * T
+        if not contiguous:  # the same values in transposed (strided) memory
+            grid, x = grid.T.contiguous().T, x.T.contiguous().T
+        leaves = {TRAJ_IDS: grid, "x": x, "obs": torch.stack([x, -x], -1)}
+        if layout == "time-major":
+            leaves = {k: v.transpose(0, 1).reshape(B * T, *v.shape[2:]) for k, v in leaves.items()}
+        elif layout == "env-major":
+            leaves = {k: v.reshape(B * T, *v.shape[2:]) for k, v in leaves.items()}
+        td = TensorDict(leaves, grid.shape if layout == "grid" else [B * T])
+        rows = rb.extend(td)
+        assert rows.shape == td.shape
+        flat_rows = rows.reshape(-1).tolist()
+        flat_x = td["x"].reshape(-1).tolist()
+        flat_obs = td["obs"].reshape(-1, 2).tolist()
+        flat_ids = td[TRAJ_IDS].reshape(-1).tolist()
+        sharing: dict[int, list[int]] = {}  # row -> the input steps returned with it
+        for i, row in enumerate(flat_rows):
+            sharing.setdefault(row, []).append(i)
+        assert set(sharing) <= set(range(capacity))
+        for row, steps in sharing.items():
+            # (a batch larger than the storage: steps that share a row were written there
+            # one after the other, in the buffer's write order; one of them is stored)
+            x_stored = rb[row]["x"].item()
+            i = next(i for i in steps if flat_x[i] == x_stored)
+            assert len(steps) == 1 or len(flat_rows) > capacity
+            assert rb[row]["obs"].tolist() == flat_obs[i]
+            assert rb.index.describe(row)[0] == flat_ids[i]
+
+
 # ---------------------------------------------------------------------- issue 11
 def test_len_and_write_count_are_consistent_under_a_concurrent_writer() -> None:
     """``len()`` and ``write_count`` read under the lock: a writer extending a full buffer is
@@ -509,3 +622,29 @@ def test_a_batch_staged_before_another_writers_commit_is_keyed_again() -> None:
     assert torch.equal(rows_b, rows)
     for r in range(len(ordered)):
         assert raced.index.describe(r) == ordered.index.describe(r)
+
+
+def test_a_storage_that_overrides_a_durability_hook_gets_every_call() -> None:
+    """An extend builds the commit state and the rows for ``stage``/``begin_write``/
+    ``commit`` only for a storage that overrides one of them (issue 16: the in-memory
+    storage's are no-ops); a subclass, or a hook set on the instance, gets every call with
+    the state after the write."""
+
+    class Recording(LazyTensorStorage):
+        calls: list[tuple[str, object]]
+
+        def begin_write(self, rows: np.ndarray) -> None:
+            self.calls.append(("begin_write", rows.tolist()))
+
+    storage = Recording(4)
+    storage.calls = []
+    staged: list[object] = []
+    storage.stage = staged.append  # type: ignore[method-assign]
+    rb = ReplayBuffer(storage=storage)
+    rb.extend(_ids_batch([0, 0, 1], 0, [3]))
+    rb.extend(_ids_batch([1, 2, 2], 3, [3]))
+    assert storage.calls == [("begin_write", [0, 1, 2]), ("begin_write", [3, 0, 1])]
+    assert [(s.write_count, s.lo, s.kind) for s in staged] == [  # type: ignore[attr-defined]
+        (3, 0, "tensordict"),
+        (6, 2, "tensordict"),
+    ]

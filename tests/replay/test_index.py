@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -30,6 +32,26 @@ class Model:
         return out
 
 
+def assert_trajectory(ix: ReplayIndex, key: int, rows: list[int]) -> None:
+    """The index holds trajectory ``key`` at ``rows`` (the model's, oldest first): its keys,
+    consecutive steps, the walks back and forward, and a window over it."""
+    steps = [ix.describe(r) for r in rows]
+    assert all(k == key for k, _ in steps)
+    got = [s for _, s in steps]
+    assert got == list(range(got[0], got[0] + len(got))), (key, got)
+    anchor = np.full(len(rows), rows[-1], dtype=np.int64)
+    back = np.arange(len(rows) - 1, -1, -1, dtype=np.int64)
+    assert ix.rows_back(anchor, back).tolist() == rows
+    fwd = np.full(len(rows), rows[0], dtype=np.int64)
+    assert ix.rows_forward(fwd, np.arange(len(rows), dtype=np.int64)).tolist() == rows
+    r = np.array(rows, dtype=np.int64)
+    assert ix.steps_before(r).tolist() == list(range(len(rows)))
+    assert ix.steps_after(r).tolist() == list(range(len(rows) - 1, -1, -1))
+    width = len(rows) + 2
+    win = ix.window_rows(r[-1:], 0, np.array([len(rows)]), width)
+    assert win[0].tolist() == [*rows, -1, -1]
+
+
 def batches():
     key_runs = st.lists(
         st.tuples(st.integers(0, 6), st.integers(1, 7)), min_size=1, max_size=6
@@ -51,21 +73,7 @@ def test_index_matches_model(capacity: int, writes: list[list[tuple[int, int]]])
         trajs = model.trajectories()
         assert ix.num_trajectories == len(trajs)
         for key, rows in trajs.items():
-            steps = [ix.describe(r) for r in rows]
-            assert all(k == key for k, _ in steps)
-            got = [s for _, s in steps]
-            assert got == list(range(got[0], got[0] + len(got))), (key, got)
-            anchor = np.full(len(rows), rows[-1], dtype=np.int64)
-            back = np.arange(len(rows) - 1, -1, -1, dtype=np.int64)
-            assert ix.rows_back(anchor, back).tolist() == rows
-            fwd = np.full(len(rows), rows[0], dtype=np.int64)
-            assert ix.rows_forward(fwd, np.arange(len(rows), dtype=np.int64)).tolist() == rows
-            r = np.array(rows, dtype=np.int64)
-            assert ix.steps_before(r).tolist() == list(range(len(rows)))
-            assert ix.steps_after(r).tolist() == list(range(len(rows) - 1, -1, -1))
-            width = len(rows) + 2
-            win = ix.window_rows(r[-1:], 0, np.array([len(rows)]), width)
-            assert win[0].tolist() == [*rows, -1, -1]
+            assert_trajectory(ix, key, rows)
         dead = set(range(capacity)) - {p % capacity for _, p in model.pos}
         assert all(ix.row_slot[d] < 0 for d in dead)
 
@@ -141,3 +149,46 @@ def test_planned_writes_match_the_model(capacity: int, writes: list[list[tuple[i
         assert report.new_rows.tolist() == expected_rows
         assert len(set(report.touched_slots.tolist())) == report.touched_slots.size
         _check_against_model(ix, model)
+
+
+def stream_writes():
+    """Writes of one env's stream (keys increase, a write may continue the trajectory the
+    previous one ended with), the index's fast path; sometimes a key seen before."""
+    write = st.lists(
+        st.tuples(st.integers(0, 2), st.integers(1, 7)), min_size=1, max_size=6
+    )  # (key increment, run length)
+    return st.lists(st.tuples(write, st.integers(0, 9)), min_size=1, max_size=12)
+
+
+@settings(max_examples=150, deadline=None)
+@given(capacity=st.integers(1, 24), writes=stream_writes())
+def test_stream_writes_match_the_model(
+    capacity: int, writes: list[tuple[list[tuple[int, int]], int]]
+) -> None:
+    """One env's stream (the fast path of ``_insert``): the same trajectories, steps, walks
+    and segments (maximal runs of physically consecutive rows of a trajectory) as the
+    model, through evictions and the ring's seam."""
+    ix = ReplayIndex(capacity)
+    model = Model(capacity)
+    key = 0
+    for runs, revisit in writes:
+        keys = []
+        for step, n in runs:
+            key += step
+            keys += [key] * n
+        if revisit == 0 and key > 3:  # now and then, a write starting with an older key
+            keys = [key - 3, *keys]
+        plan = ix.plan(np.array(keys, dtype=np.int64))  # (regroups a revisited key)
+        report = ix.write_plan(plan)
+        keys = plan.keys.tolist()
+        model.write(keys)
+        assert report.new_rows.tolist() == [
+            p % capacity for p in range(model.count - min(len(keys), capacity), model.count)
+        ]
+        trajs = model.trajectories()
+        assert ix.num_trajectories == len(trajs)
+        segments = 0
+        for k, rows in trajs.items():
+            assert_trajectory(ix, k, rows)
+            segments += 1 + sum(b != a + 1 for a, b in itertools.pairwise(rows))
+        assert ix.seg.n_used == segments

@@ -34,10 +34,12 @@ from splice.contract import flatten_steps
 from splice.layout import MASK, Key, LayoutError, fmt_key, validate_batch
 
 __all__ = [
+    "Arrays",
     "Columns",
     "FlatBatch",
     "Kind",
     "Objects",
+    "Rows",
     "Schema",
     "Signature",
     "as_tensordict",
@@ -50,6 +52,10 @@ __all__ = [
 ]
 
 Columns = dict[Key, Tensor]
+#: Flat columns as numpy arrays (see :attr:`FlatBatch.arrays`).
+Arrays = dict[Key, np.ndarray]
+#: Rows to store, as tensors or numpy arrays (what ``Storage.write`` copies from).
+Rows = Mapping[Key, Tensor | np.ndarray]
 #: Object columns: one numpy object array ``[N]`` per non-tensor key.
 Objects = dict[Key, np.ndarray]
 
@@ -261,8 +267,13 @@ class FlatBatch:
         row_lengths: for padded input, the number of kept steps of each input row.
         flat: the input was flat ``[N]`` (no env rows to tell streams apart).
         input_shape: the input's batch shape.
+        n: the number of steps kept (``N``).
         source: the flat input position of every kept step (None: all kept, in order).
         objects: every non-tensor key, ``[N]`` numpy object arrays (like ``columns``).
+        arrays: the columns as numpy arrays (the same memory), when :func:`flatten_known`
+            made them for a storage on the CPU: then ``columns`` is empty and ``ids`` is
+            None, and the storage copies from these (flattening ``[B, T]`` numpy arrays
+            costs a fraction of flattening tensors).
     """
 
     columns: Columns
@@ -272,16 +283,24 @@ class FlatBatch:
     row_lengths: np.ndarray | None
     flat: bool
     input_shape: torch.Size
+    n: int
     source: np.ndarray | None = None
     objects: Objects = field(default_factory=dict)
+    arrays: Arrays | None = None
 
-    @property
-    def n(self) -> int:
-        first = next(iter(self.columns.values()), None)
-        if first is not None:
-            return first.shape[0]
-        values = next(iter(self.objects.values()), None)
-        return 0 if values is None else values.shape[0]
+    def ids_array(self, ids_key: Key) -> np.ndarray:
+        """The ids (at ``ids_key``, the buffer's) as an int64 numpy array."""
+        if self.arrays is not None:
+            return self.arrays[ids_key]
+        assert self.ids is not None
+        return self.ids.numpy()
+
+    def flags_array(self, key: Key) -> np.ndarray | None:
+        """Column ``key`` as a numpy array (None when the batch lacks it)."""
+        if self.arrays is not None:
+            return self.arrays.get(key)
+        value = self.columns.get(key)
+        return None if value is None else value.numpy()
 
 
 def flatten_batch(td: TensorDictBase, ids_key: Key | None, *, first: bool) -> FlatBatch:
@@ -309,6 +328,12 @@ def flatten_batch(td: TensorDictBase, ids_key: Key | None, *, first: bool) -> Fl
     if steps.real is not None:
         source = steps.real.nonzero().squeeze(1).numpy()
         kept = steps.without_padding()
+    leaf = next(iter(kept.columns.values()), None)
+    if leaf is not None:
+        n = leaf.shape[0]
+    else:
+        values = next(iter(kept.objects.values()), None)
+        n = 0 if values is None else values.shape[0]
     return FlatBatch(
         columns=kept.columns,
         ids=kept.ids,
@@ -317,6 +342,7 @@ def flatten_batch(td: TensorDictBase, ids_key: Key | None, *, first: bool) -> Fl
         row_lengths=row_lengths,
         flat=len(steps.batch_shape) == 1,
         input_shape=steps.batch_shape,
+        n=n,
         source=source,
         objects=kept.objects,
     )
@@ -367,25 +393,38 @@ def known_eligible(leaves: Columns, ids_key: Key | None) -> bool:
 
 
 def flatten_known(
-    batch_shape: torch.Size, leaves: Columns, ids_key: Key | None
-) -> FlatBatch | None:
+    batch_shape: torch.Size, leaves: Columns, ids_key: Key | None, *, as_arrays: bool
+) -> FlatBatch:
     """:func:`flatten_batch` of a batch whose :func:`signature` is that of a batch that
-    passed it (and :func:`known_eligible`): only the values of the ids are left to check.
-    None when some id is negative (padding, or refused): then the checked path says what
-    to do."""
+    passed it (and :func:`known_eligible`), but for the values of its ids: the caller checks
+    that none is negative (padding, or refused: then the checked path says what to do).
+
+    ``as_arrays``: the storage is on the CPU: give the columns as numpy arrays
+    (:attr:`FlatBatch.arrays`) when every leaf has one (a CPU tensor without autograd, of
+    a dtype numpy knows), which also makes the storage's copies cheaper.
+    """
     ndim = len(batch_shape)
-    columns = leaves if ndim == 1 else {k: v.flatten(0, ndim - 1) for k, v in leaves.items()}
-    ids = None
-    if ids_key is not None:
-        ids = columns[ids_key]
-        if ids.shape[0] and int(ids.min()) < 0:
-            return None
+    n = batch_shape[0] if ndim == 1 else batch_shape.numel()
+    columns: Columns = {}
+    arrays: Arrays | None = None
+    if as_arrays:
+        try:
+            if ndim == 1:
+                arrays = {k: v.numpy() for k, v in leaves.items()}
+            else:
+                arrays = {k: v.numpy().reshape(n, *v.shape[ndim:]) for k, v in leaves.items()}
+        except (TypeError, RuntimeError):  # accelerators, autograd, dtypes numpy lacks
+            arrays = None
+    if arrays is None:
+        columns = leaves if ndim == 1 else {k: v.flatten(0, ndim - 1) for k, v in leaves.items()}
     return FlatBatch(
         columns=columns,
-        ids=ids,
-        n_envs=batch_shape[:-1].numel(),
+        ids=None if ids_key is None or arrays is not None else columns[ids_key],
+        n_envs=1 if ndim == 1 else batch_shape[:-1].numel(),
         padded=False,
         row_lengths=None,
         flat=ndim == 1,
         input_shape=batch_shape,
+        n=n,
+        arrays=arrays,
     )

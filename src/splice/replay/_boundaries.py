@@ -27,7 +27,7 @@ import torch
 from tensordict import TensorDictBase
 
 from splice.layout import CUT, DONE, TRAJ_IDS, Key, LayoutError, as_key_tuple, fmt_key
-from splice.replay._batch import Columns, FlatBatch
+from splice.replay._batch import FlatBatch
 from splice.replay._state import as_int
 from splice.replay._structures import I64
 
@@ -64,10 +64,10 @@ class Boundaries:
         Pure: returns ``(keys, open_keys, next_key)`` without changing ``self``.
         """
         if self.mode == "ids":
-            assert batch.ids is not None
-            return batch.ids.numpy(), self.open_keys, self.next_key
+            assert self.key is not None
+            return batch.ids_array(self.key), self.open_keys, self.next_key
         n = batch.n
-        ends, cut = _end_flags(batch.columns, self.key, n)
+        ends, cut = _end_flags(batch, self.key, n)
         if batch.padded:
             assert batch.row_lengths is not None
             lengths = batch.row_lengths
@@ -178,15 +178,16 @@ class Boundaries:
         )
 
 
-def _end_flags(columns: Columns, key: Key | None, n: int) -> tuple[np.ndarray, np.ndarray]:
+def _end_flags(batch: FlatBatch, key: Key | None, n: int) -> tuple[np.ndarray, np.ndarray]:
     """``(ends, cuts)``: a collector cut is not an episode end, even when TorchRL's
     ``set_truncated`` flagged it done."""
-    cut = columns.get(CUT)
-    cuts = np.zeros(n, dtype=bool) if cut is None else cut.numpy()
+    cut = batch.flags_array(CUT)
+    cuts = np.zeros(n, dtype=bool) if cut is None else cut.reshape(n)
     if key is None:
         return np.zeros(n, dtype=bool), cuts
-    flags = columns[key].reshape(n, -1).any(1).numpy()
-    return flags & ~cuts, cuts
+    flags = batch.flags_array(key)
+    assert flags is not None
+    return flags.reshape(n, -1).any(1) & ~cuts, cuts
 
 
 def resolve_boundaries(

@@ -19,10 +19,12 @@ from splice._non_tensor import non_tensor_values
 from splice.layout import CUT, Key, LayoutError, all_leaves, as_key_tuple, fmt_key
 from splice.replay import _output
 from splice.replay._batch import (
+    Arrays,
     Columns,
     FlatBatch,
     Kind,
     Objects,
+    Rows,
     Schema,
     Signature,
     as_tensordict,
@@ -168,6 +170,15 @@ class ReplayBuffer:
         #: without the lock: it is replaced whole, and used only while the schema and
         #: boundaries it was checked against are the buffer's).
         self._known: _Known | None = None
+        #: Whether the storage's durability hooks (``stage``, ``begin_write``, ``commit``)
+        #: may do anything: an extend skips building their arguments when the storage has
+        #: the base class's no-op for all three (an override in a subclass or on the
+        #: instance counts).
+        self._durable = any(
+            getattr(getattr(storage, hook), "__func__", None) is not getattr(Storage, hook)
+            for hook in ("stage", "begin_write", "commit")
+        )
+        self._cpu_storage = storage.device.type == "cpu"
         recovered = storage.recovered()
         if recovered is not None:
             if recovered.boundaries is not None:
@@ -253,16 +264,13 @@ class ReplayBuffer:
             and known.bounds is seen_bounds
             and sig[0] == known.signature
         ):
-            batch = flatten_known(sig[0][0], sig[1], seen_bounds.ids_key)
-            if batch is not None:
-                return _Staged(
-                    seen_bounds,
-                    seen_schema,
-                    seen_bounds,
-                    batch,
-                    seen_schema,
-                    _layout(seen_bounds, batch),
-                )
+            ids_key = seen_bounds.ids_key
+            batch = flatten_known(sig[0][0], sig[1], ids_key, as_arrays=self._cpu_storage)
+            layout = _layout(seen_bounds, batch)
+            # Ids are the keys: a negative one (padding, or refused) sends the batch down
+            # the checked path, which drops or refuses it as before.
+            if layout is None or ids_key is None or layout.plan.min_key() >= 0:
+                return _Staged(seen_bounds, seen_schema, seen_bounds, batch, seen_schema, layout)
         bounds = seen_bounds
         if bounds is None:
             bounds = resolve_boundaries(
@@ -292,7 +300,8 @@ class ReplayBuffer:
             staged = self._stage(td, kind)
         bounds, batch, schema = staged.bounds, staged.batch, staged.schema
         first = staged.seen_schema is None
-        self.storage.check_write(schema, batch.objects)
+        storage, index = self.storage, self._index
+        storage.check_write(schema, batch.objects)
         n = batch.n
         if n == 0:
             return torch.full(batch.input_shape, -1, dtype=torch.int64)
@@ -302,37 +311,44 @@ class ReplayBuffer:
         assert layout is not None
         plan, open_keys, next_key = layout.plan, layout.open_keys, layout.next_key
         columns, objects, order = layout.columns, layout.objects, plan.order
-        capacity = self.storage.max_size
-        written = columns
+        capacity = storage.max_size
+        written: Rows = columns
+        if layout.arrays is not None:  # (made for a storage on the CPU only)
+            written = layout.arrays
+        elif not self._cpu_storage:  # (a CPU storage copies from any device itself)
+            written = _on_device(columns, storage.device)
         if n > capacity:
-            written = {k: v[n - capacity :] for k, v in columns.items()}
+            written = {k: v[n - capacity :] for k, v in written.items()}
             objects = {k: v[n - capacity :] for k, v in objects.items()}
-        written = _on_device(written, self.storage.device)
-        rows = self._index.rows_for_write(n)
-        wc = self._index.write_count + n
-        after = CommitState(
-            wc,
-            max(self._index.lo, wc - capacity),
-            bounds.json_with(open_keys, next_key),
-            kind.value,
-        )
+        start_row = (index.write_count + max(n - capacity, 0)) % capacity
+        after = None
+        if self._durable:  # the storage's durability hooks do something: give them their state
+            wc = index.write_count + n
+            after = CommitState(
+                wc,
+                max(index.lo, wc - capacity),
+                bounds.json_with(open_keys, next_key),
+                kind.value,
+            )
         # Everything is validated. A full disk fails in allocate or stage, before anything
         # changed; from there on the write cannot fail half-way.
         if first:
-            self.storage.allocate(schema)
-        self.storage.stage(after)
-        self.storage.begin_write(rows)
-        self.storage.write(int(rows[0]), written, objects)
-        report = self._index.write_plan(plan)
+            storage.allocate(schema)
+        if after is not None:
+            storage.stage(after)
+            storage.begin_write(index.rows_for_write(n))
+        storage.write(start_row, written, objects)
+        report = index.write_plan(plan)
         bounds.commit(open_keys, next_key)  # the same object a staged batch saw: no restage
         self._bounds = bounds
         self._kind = kind
         self.sampler.on_write(report)
-        self.storage.commit(after)
+        if after is not None:
+            storage.commit(after)
         # The row of every input step: write order -> batch order -> input positions.
         per_step = report.new_rows
         if n > capacity:  # the first steps were overwritten at once by the last ones
-            per_step = (self._index.write_count - n + np.arange(n, dtype=I64)) % capacity
+            per_step = (index.write_count - n + np.arange(n, dtype=I64)) % capacity
         if order is not None:
             unsorted = np.empty_like(per_step)
             unsorted[order] = per_step
@@ -771,6 +787,7 @@ class _Layout:
     objects: Objects
     seen_open: np.ndarray
     seen_next: int
+    arrays: Arrays | None = None  # the batch's arrays, in that order (``FlatBatch.arrays``)
 
     def current(self, bounds: Boundaries) -> bool:
         return bounds.open_keys is self.seen_open and bounds.next_key == self.seen_next
@@ -783,12 +800,16 @@ def _layout(bounds: Boundaries, batch: FlatBatch) -> _Layout | None:
         return None
     keys, open_keys, next_key = bounds.keys_for(batch)
     plan = ReplayIndex.plan(keys)
-    columns, objects = batch.columns, batch.objects
+    columns, objects, arrays = batch.columns, batch.objects, batch.arrays
     if plan.order is not None:
         order = torch.from_numpy(plan.order)
         columns = {k: take_rows(v, order) for k, v in columns.items()}
         objects = {k: v[plan.order] for k, v in objects.items()}
-    return _Layout(plan, open_keys, next_key, columns, objects, bounds.open_keys, bounds.next_key)
+        if arrays is not None:
+            arrays = {k: v.take(plan.order, axis=0) for k, v in arrays.items()}
+    return _Layout(
+        plan, open_keys, next_key, columns, objects, bounds.open_keys, bounds.next_key, arrays
+    )
 
 
 def _key(key: NestedKey | None) -> Key | None:

@@ -111,6 +111,10 @@ class WritePlan:
     run_keys: np.ndarray
     increasing: bool
 
+    def min_key(self) -> int:
+        """The smallest key (the runs hold every key; increasing runs start with it)."""
+        return int(self.run_keys[0] if self.increasing else self.run_keys.min())
+
 
 @dataclass
 class IndexState:
@@ -160,6 +164,9 @@ class ReplayIndex:
         self.keys = KeyMap()
         self.write_count = 0
         self.lo = 0
+        #: The slot of the last trajectory a write ended with (-1: none), a hint for the next
+        #: write's first key (checked against the slot's key before use).
+        self._last_written = -1
 
     # ------------------------------------------------------------------ queries
     def __len__(self) -> int:
@@ -280,13 +287,12 @@ class ReplayIndex:
         """
         if keys.dtype != I64 or keys.ndim != 1 or not keys.flags.c_contiguous:
             keys = np.ascontiguousarray(keys, dtype=I64).reshape(-1)
-        order = None
-        runs, split = _find_runs(keys)
+        plan, split = _find_runs(keys)
         if split:  # a trajectory in several runs: regroup (stable, so steps keep their order)
             order = index_by_id(torch.from_numpy(keys)).cat_order().numpy()
-            keys = keys[order]
-            runs, _ = _find_runs(keys)
-        return WritePlan(keys, order, runs.start, runs.length, runs.keys, runs.increasing)
+            plan, _ = _find_runs(keys[order])
+            plan.order = order
+        return plan
 
     def write(self, keys: np.ndarray) -> WriteReport:
         """Append rows with trajectory ``keys`` (int64, write order) at the write cursor.
@@ -311,10 +317,9 @@ class ReplayIndex:
             >>> report.new_rows.tolist(), len(ix), ix.write_count
             ([0, 1, 2, 3], 4, 4)
         """
-        runs = _Runs(plan.run_start, plan.run_len, plan.run_keys, plan.increasing)
-        return self._write(plan.keys, runs)
+        return self._write(plan.keys, plan)
 
-    def _write(self, keys: np.ndarray, runs: _Runs | None) -> WriteReport:
+    def _write(self, keys: np.ndarray, runs: WritePlan | None) -> WriteReport:
         n = keys.size
         evicted, head_slots, head_old, freed = self._evict(n)
         if n > self.capacity:
@@ -418,7 +423,7 @@ class ReplayIndex:
             self.keys.assign(keys[order], fresh[order])
         return fresh
 
-    def _insert(self, keys: np.ndarray, runs: _Runs | None) -> tuple[np.ndarray, np.ndarray]:
+    def _insert(self, keys: np.ndarray, runs: WritePlan | None) -> tuple[np.ndarray, np.ndarray]:
         """Insert ``keys`` at the write cursor; the rows must not cross the ring seam.
 
         ``runs``: the runs of ``keys``, when each trajectory occupies one run.
@@ -435,19 +440,20 @@ class ReplayIndex:
         # Each trajectory occupies one run of this write: every step below is one numpy
         # call over the runs (or the rows), whatever the number of trajectories. (1-D
         # gathers and scatters: numpy's ``a[i, idx]`` costs several times ``a[i][idx]``.)
-        run_start, run_len, run_keys = runs.start, runs.length, runs.keys
+        run_start, run_len, run_keys = runs.run_start, runs.run_len, runs.run_keys
         R = run_start.size
         T = self.traj.data
         km = self.keys
-        tail = -1  # runs [tail:] are new trajectories (-1: look every run up)
         if runs.increasing and R > 1 and km.above_all(run_keys[1]):
             # One env's stream (the common case): keys grow, so every run but the first is
-            # a trajectory never seen; only the first is looked up.
-            slot = np.full(R, -1, dtype=I64)
-            slot[0] = km.lookup_one(int(run_keys[0]))
-            tail = 0 if slot[0] < 0 else 1
-        else:
-            slot = km.lookup(run_keys)
+            # a trajectory never seen; only the first is looked up (usually the trajectory
+            # the previous write ended with: no search).
+            key = int(run_keys[0])
+            first_slot = self._last_written
+            if first_slot < 0 or key < 0 or int(T[_KEY][first_slot]) != key:
+                first_slot = km.lookup_one(key)
+            return rows, self._insert_stream(keys, runs, rows, first_slot)
+        slot = km.lookup(run_keys)
         # Read before new slots are allocated: a new trajectory (slot -1) reads the pool's
         # scratch column, which holds a new trajectory's fields (no last step, row or
         # segment).
@@ -458,18 +464,12 @@ class ReplayIndex:
         # other run ends the previous run, another trajectory's.
         merge = int(T[_LAST_ROW][slot[0]]) == a0 - 1
         start_row = run_start + a0
-        if tail >= 0:
-            fresh = self._new_slots(run_keys[tail:], increasing=True)
-            slot[tail:] = fresh
+        new = slot < 0
+        if np.count_nonzero(new):
+            fresh = self._new_slots(run_keys[new], increasing=runs.increasing)
+            slot[new] = fresh
             T = self.traj.data  # the pool may have grown
-            T[_FIRST_ROW][fresh] = start_row[tail:]
-        else:
-            new = slot < 0
-            if np.count_nonzero(new):
-                fresh = self._new_slots(run_keys[new], increasing=runs.increasing)
-                slot[new] = fresh
-                T = self.traj.data  # the pool may have grown
-                T[_FIRST_ROW][fresh] = start_row[new]
+            T[_FIRST_ROW][fresh] = start_row[new]
         end_row = start_row + run_len
         end_row -= 1
         # A new segment per run but a merged first one, linked after its trajectory's last
@@ -494,15 +494,92 @@ class ReplayIndex:
         per_run[0] = slot
         np.subtract(step0, start_row, out=per_run[1])  # a row's step: this + its row
         per_run[2] = seg
+        self._record_rows(keys, rows, per_run, run_len, end_row)
+        return rows, slot
+
+    def _insert_stream(
+        self, keys: np.ndarray, runs: WritePlan, rows: np.ndarray, first_slot: int
+    ) -> np.ndarray:
+        """:meth:`_insert` of one env's stream: every run but the first is a new trajectory
+        (their keys increase and are above every stored key); the first continues the
+        trajectory at ``first_slot`` (-1: it is new too). The general path's result, with
+        the first run's reads as scalars and the new trajectories' as constants (no last
+        step, no segment to link after). Returns the runs' slots."""
+        run_start, run_len, run_keys = runs.run_start, runs.run_len, runs.run_keys
+        R = run_start.size
+        a0 = int(rows[0])
+        T = self.traj.data
+        tail = 0 if first_slot < 0 else 1  # runs [tail:] are new trajectories
+        first_step, first_prev_seg, merge = 0, -1, False
+        if tail:
+            first_step = int(T[_LAST][first_slot]) + 1
+            first_prev_seg = int(T[_LAST_SEG][first_slot])
+            # (only the first run can extend its trajectory's last segment)
+            merge = int(T[_LAST_ROW][first_slot]) == a0 - 1
+        start_row = run_start + a0
+        end_row = start_row + run_len
+        end_row -= 1
+        fresh = self._new_slots(run_keys[tail:], increasing=True)
+        T = self.traj.data  # the pool may have grown
+        T[_FIRST_ROW][fresh] = start_row[tail:]
+        if tail:
+            slot = np.empty(R, dtype=I64)
+            slot[0] = first_slot
+            slot[1:] = fresh
+        else:
+            slot = fresh
+        # A new segment per run but a merged first one; only the first run's new segment
+        # can follow an earlier segment of its trajectory.
+        if merge:
+            ids = self.seg.alloc(R - 1)
+            seg = np.empty(R, dtype=I64)
+            seg[0] = first_prev_seg
+            seg[1:] = ids
+            lo = start_row[1:]
+        else:
+            seg = ids = self.seg.alloc(R)
+            lo = start_row
+        S = self.seg.data
+        S[_LO][ids] = lo
+        S[_BACK][ids] = -1
+        S[_FWD][ids] = -1
+        if not merge and first_prev_seg >= 0:
+            S[_BACK][ids[0]] = first_prev_seg
+            S[_FWD][first_prev_seg] = ids[0]
+        S[_HI][seg] = end_row
+        # Per row: slot, step and segment, repeated from the runs in one call (a row's
+        # step is its run's first step minus its first row, plus its row).
+        per_run = np.empty((3, R), dtype=I64)
+        per_run[0] = slot
+        np.negative(start_row, out=per_run[1])
+        if first_step:
+            per_run[1, 0] += first_step
+        per_run[2] = seg
+        self._record_rows(keys, rows, per_run, run_len, end_row)
+        return slot
+
+    def _record_rows(
+        self,
+        keys: np.ndarray,
+        rows: np.ndarray,
+        per_run: np.ndarray,
+        run_len: np.ndarray,
+        end_row: np.ndarray,
+    ) -> None:
+        """The end of an insert of runs (each trajectory in one run): every row's slot,
+        step and segment from ``per_run`` (``[3, runs]``: slot, first step minus first
+        row, segment), its key, and each trajectory's last step, row and segment."""
+        a0, n = int(rows[0]), keys.size
         info = per_run.repeat(run_len, axis=1)
         info[1] += rows
         self._row_info[:, a0 : a0 + n] = info
         self.row_key[a0 : a0 + n] = keys
+        slot, T = per_run[0], self.traj.data
         T[_LAST][slot] = per_run[1] + end_row
         T[_LAST_ROW][slot] = end_row
-        T[_LAST_SEG][slot] = seg
+        T[_LAST_SEG][slot] = per_run[2]
+        self._last_written = int(slot[-1])
         self.write_count += n
-        return rows, slot
 
     def _insert_interleaved(self, keys: np.ndarray, rows: np.ndarray) -> np.ndarray:
         """General insertion: a trajectory may occupy several runs of this write."""
@@ -614,20 +691,12 @@ class ReplayIndex:
         self.traj.restore(state.traj)
         self.seg.restore(state.seg)
         self.keys.restore(state.keys)
+        self._last_written = -1
 
 
-@dataclass(slots=True)  # (not frozen: a frozen init costs ~5x, once per extend)
-class _Runs:
-    """The runs of equal keys of a write (see :class:`WritePlan`)."""
-
-    start: np.ndarray
-    length: np.ndarray
-    keys: np.ndarray
-    increasing: bool
-
-
-def _find_runs(keys: np.ndarray) -> tuple[_Runs, bool]:
-    """The runs of equal consecutive ``keys``, and whether a key occupies several runs."""
+def _find_runs(keys: np.ndarray) -> tuple[WritePlan, bool]:
+    """The runs of equal consecutive ``keys`` (a plan in the given order), and whether a key
+    occupies several runs."""
     n = keys.size
     head = np.empty(n + 1, dtype=bool)  # True at every run's start, and at the end
     head[0] = head[n] = True
@@ -641,4 +710,4 @@ def _find_runs(keys: np.ndarray) -> tuple[_Runs, bool]:
         increasing = False
         ranked = np.sort(run_keys)
         split = bool(np.count_nonzero(ranked[1:] == ranked[:-1]))
-    return _Runs(start, edges[1:] - start, run_keys, increasing), split
+    return WritePlan(keys, None, start, edges[1:] - start, run_keys, increasing), split

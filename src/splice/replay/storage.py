@@ -39,9 +39,9 @@ from tensordict.utils import NestedKey
 from torch import Tensor
 
 from splice._args import positive_int, require_int
-from splice._gather import numpy_view, put_rows, take_rows_of
+from splice._gather import as_tensor, numpy_view, put_rows, take_rows_of
 from splice.layout import NEXT, Key, LayoutError, as_key_tuple, fmt_key
-from splice.replay._batch import Columns, Objects, Schema, kind_of
+from splice.replay._batch import Columns, Objects, Rows, Schema, kind_of
 from splice.replay._boundaries import Boundaries
 from splice.replay._dedup import NO_VALUE, SharedNext, resize_in_memory
 from splice.replay._files import file_tensor, read_json, stage_json, write_json_atomic
@@ -287,9 +287,10 @@ class Storage:
         rows[rows >= self.max_size] -= self.max_size
         return rows
 
-    def write(self, start_row: int, columns: Columns, objects: Objects | None = None) -> None:
-        """Copy ``columns`` and ``objects`` (``n <= max_size`` rows, every key of the schema)
-        to rows ``start_row, ...`` (wrapping)."""
+    def write(self, start_row: int, columns: Rows, objects: Objects | None = None) -> None:
+        """Copy ``columns`` (tensors, or numpy arrays of the same dtypes) and ``objects``
+        (``n <= max_size`` rows, every key of the schema) to rows ``start_row, ...``
+        (wrapping)."""
         first = next(iter(columns.values()), None)
         n = first.shape[0] if first is not None else next(iter((objects or {}).values())).size
         head = min(n, self.max_size - start_row)
@@ -299,13 +300,15 @@ class Storage:
             if head < n:
                 put_rows(dest, start_row, src[:head], view)
                 put_rows(dest, 0, src[head:], view)
+            elif view is not None and isinstance(src, np.ndarray):  # (put_rows, inlined)
+                view[start_row : start_row + n] = src
             else:
                 put_rows(dest, start_row, src, view)
         if not (self.shared or objects):
             return
         rows = self._ring_rows(start_row, n)
         for key, pair in self.shared.items():
-            obs, nxt = columns[pair.obs_key], columns[key]
+            obs, nxt = as_tensor(columns[pair.obs_key]), as_tensor(columns[key])
             pair.write(rows, obs.to(self.device), nxt.to(self.device))
         for key, values in (objects or {}).items():
             self._write_objects(key, rows, values)
@@ -797,7 +800,7 @@ class LazyMemmapStorage(Storage):
         for key, values in objects.items():
             check_text(values, key, "LazyMemmapStorage")
 
-    def write(self, start_row: int, columns: Columns, objects: Objects | None = None) -> None:
+    def write(self, start_row: int, columns: Rows, objects: Objects | None = None) -> None:
         self._check_usable()
         super().write(start_row, columns, objects)
 
