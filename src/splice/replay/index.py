@@ -400,7 +400,7 @@ class ReplayIndex:
         self.seg.data[_BACK][S["fwd"][dead]] = -1
         self.seg.release(dead)
         if freed.size:
-            self.keys.remove(np.sort(T["key"][freed]))
+            self.keys.remove(T["key"][freed])
             T["key"][freed] = -1  # marks the slot free
             self.traj.release(freed)
         self.row_slot[where] = -1
