@@ -140,12 +140,16 @@ class Pool:
         self.free = free
         self.n_free += fresh.size
 
-    def alloc(self, k: int) -> np.ndarray:
+    def alloc(self, k: int, out: np.ndarray | None = None) -> np.ndarray:
+        """``k`` ids (in ``out``, an int64 array of ``k`` elements, when given)."""
         if k > self.n_free:
             self._grow(k - self.n_free)
-        ids = self.free[self.n_free - k : self.n_free][::-1].copy()
+        top = self.free[self.n_free - k : self.n_free][::-1]
         self.n_free -= k
-        return ids
+        if out is None:
+            return top.copy()
+        out[...] = top
+        return out
 
     def release(self, ids: np.ndarray) -> None:
         k = ids.size
