@@ -167,6 +167,9 @@ class ReplayIndex:
         #: The slot of the last trajectory a write ended with (-1: none), a hint for the next
         #: write's first key (checked against the slot's key before use).
         self._last_written = -1
+        #: Scratch space, one entry per trajectory slot, for the eviction's test that the
+        #: evicted runs belong to distinct trajectories (written before it is read).
+        self._seen = np.empty(0, dtype=I64)
 
     # ------------------------------------------------------------------ queries
     def __len__(self) -> int:
@@ -372,13 +375,23 @@ class ReplayIndex:
         np.not_equal(slots[1:], slots[:-1], out=cand[:-1])
         cand = cand.nonzero()[0]
         cand_slots = slots[cand]
-        order = np.argsort(cand_slots, kind="stable")
-        sorted_slots = cand_slots[order]
-        last = np.empty(order.size, dtype=bool)
-        last[-1] = True
-        np.not_equal(sorted_slots[1:], sorted_slots[:-1], out=last[:-1])
-        uniq = sorted_slots[last]
-        last_row = rows[cand[order[last]]]
+        # Usually each trajectory is one run here (one env's stream): the runs' slots are
+        # distinct, which one scatter into a per-slot scratch array and one gather tell
+        # (of several equal slots, whichever write lands, the others read another number).
+        if self._seen.size < self.traj.size:
+            self._seen = np.empty(self.traj.size, dtype=I64)
+        at = np.arange(cand.size, dtype=I64)
+        self._seen[cand_slots] = at
+        if not np.count_nonzero(self._seen[cand_slots] != at):
+            uniq, last_row = cand_slots, rows[cand]
+        else:  # a trajectory in several runs: keep each slot's last run (a stable sort)
+            order = np.argsort(cand_slots, kind="stable")
+            sorted_slots = cand_slots[order]
+            last = np.empty(order.size, dtype=bool)
+            last[-1] = True
+            np.not_equal(sorted_slots[1:], sorted_slots[:-1], out=last[:-1])
+            uniq = sorted_slots[last]
+            last_row = rows[cand[order[last]]]
         last_step = self.row_step[last_row]
         whole = last_step == T["last"][uniq]
         survives = ~whole
