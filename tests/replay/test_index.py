@@ -192,3 +192,52 @@ def test_stream_writes_match_the_model(
             assert_trajectory(ix, k, rows)
             segments += 1 + sum(b != a + 1 for a, b in itertools.pairwise(rows))
         assert ix.seg.n_used == segments
+
+
+def _assert_report_matches_model(
+    report, before: dict[int, tuple[int, int, set[int]]], model: Model
+) -> None:
+    """What a write overwrote, as its report says, against the model: ``before`` maps each
+    trajectory key to its slot, first live step and global positions before the write."""
+    live = {p for _, p in model.pos}
+    head, freed = {}, set()
+    for slot, first, positions in before.values():
+        if positions - live:  # lost rows: cut (some survive) or freed (none does)
+            if positions & live:
+                head[slot] = first
+            else:
+                freed.add(slot)
+    heads = report.head_slots.tolist()
+    assert len(set(heads)) == len(heads), "a trajectory reported cut twice"
+    assert dict(zip(heads, report.head_old_first.tolist(), strict=True)) == head
+    assert sorted(report.freed_slots.tolist()) == sorted(freed)
+    gone = sorted(p for _, _, positions in before.values() for p in positions - live)
+    assert report.evicted_rows.tolist() == [p % model.capacity for p in gone]
+
+
+@settings(max_examples=150, deadline=None)
+@given(capacity=st.integers(1, 24), writes=batches(), stream=st.booleans())
+def test_write_reports_match_the_model(
+    capacity: int, writes: list[list[tuple[int, int]]], stream: bool
+) -> None:
+    """Each write's report (rows overwritten; trajectories cut, with their first live step
+    before the write, or freed) is what the model says, for trajectories stored in one run
+    or several (interleaved writes; ``stream``: increasing keys, one env's stream)."""
+    ix = ReplayIndex(capacity)
+    model = Model(capacity)
+    key = 0
+    for runs in writes:
+        if stream:
+            keys = []
+            for step, n in runs:
+                key += step % 3
+                keys += [key] * n
+        else:
+            keys = [k for k, n in runs for _ in range(n)]
+        before: dict[int, tuple[int, int, set[int]]] = {}
+        for k, p in model.pos:
+            slot, first = int(ix.row_slot[p % capacity]), ix.describe(p % capacity)[1]
+            before.setdefault(k, (slot, first, set()))[2].add(p)
+        report = ix.write_plan(ix.plan(np.array(keys, dtype=np.int64)))
+        model.write(ix.plan(np.array(keys, dtype=np.int64)).keys.tolist())
+        _assert_report_matches_model(report, before, model)

@@ -204,6 +204,40 @@ def test_cat_layout_and_add() -> None:
     assert_slices_contiguous(s)
 
 
+@settings(max_examples=60, deadline=None)
+@given(
+    n_env=st.integers(1, 4),
+    chunk=st.integers(1, 12),
+    n_chunks=st.integers(1, 10),
+    mean_len=st.sampled_from([1.5, 4.0, 15.0]),
+    capacity=st.integers(4, 60),
+    slice_len=st.integers(1, 9),
+    strict=st.booleans(),
+    layout=st.sampled_from(LAYOUTS),
+    seed=st.integers(0, 3),
+)
+def test_trajectory_weighting_draws_from_exactly_the_long_enough_live_trajectories(
+    n_env, chunk, n_chunks, mean_len, capacity, slice_len, strict, layout, seed
+) -> None:
+    """After every write (overwriting included: trajectories cut, freed, their slots reused),
+    the trajectories ``weighting="trajectory"`` draws from are the live ones with at least
+    ``slice_len`` stored steps (any, without ``strict_length``), counted from the stored rows."""
+    sampler = SliceSampler(slice_len=slice_len, strict_length=strict, seed=seed)
+    rb = ReplayBuffer(storage=LazyTensorStorage(capacity), sampler=sampler, batch_size=slice_len)
+    stream = SyntheticStream(n_env, mean_len, seed=seed, labels=True)
+    # (a default batch size: the sampler keeps its structures from the start, on every write)
+    for _ in range(n_chunks):
+        fill(rb, stream, chunk, 1, layout)
+        index = rb.index
+        steps: dict[int, int] = {}
+        for row in index.live_rows().tolist():
+            key = index.describe(row)[0]
+            steps[key] = steps.get(key, 0) + 1
+        expected = {k for k, n in steps.items() if n >= (slice_len if strict else 1)}
+        drawn = {int(index.traj.a["key"][slot]) for slot in sampler._trajs.members().tolist()}
+        assert drawn == expected
+
+
 def _trajectory_buffer(weighting: str, seed: int = 0) -> ReplayBuffer:
     ids = torch.tensor([0] * 4 + [1] * 20 + [2] * 76)
     rb = ReplayBuffer(

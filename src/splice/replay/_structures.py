@@ -140,12 +140,16 @@ class Pool:
         self.free = free
         self.n_free += fresh.size
 
-    def alloc(self, k: int) -> np.ndarray:
+    def alloc(self, k: int, out: np.ndarray | None = None) -> np.ndarray:
+        """``k`` ids (in ``out``, an int64 array of ``k`` elements, when given)."""
         if k > self.n_free:
             self._grow(k - self.n_free)
-        ids = self.free[self.n_free - k : self.n_free][::-1].copy()
+        top = self.free[self.n_free - k : self.n_free][::-1]
         self.n_free -= k
-        return ids
+        if out is None:
+            return top.copy()
+        out[...] = top
+        return out
 
     def release(self, ids: np.ndarray) -> None:
         k = ids.size
@@ -203,7 +207,7 @@ class KeyMap:
         self.vals[self.n] = -1
 
     def _find(self, q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        pos = np.searchsorted(self.keys[: self.n], q)
+        pos = self.keys[: self.n].searchsorted(q)  # (the method: np.searchsorted costs more)
         return pos, self.keys[pos] == q
 
     def lookup(self, q: np.ndarray) -> np.ndarray:
@@ -264,6 +268,7 @@ class KeyMap:
         self._seal()
 
     def remove(self, q: np.ndarray) -> None:
+        """Remove the keys of ``q`` (unique, in any order; absent ones are ignored)."""
         if q.size == 0:
             return
         pos, found = self._find(q)

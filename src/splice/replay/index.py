@@ -167,6 +167,9 @@ class ReplayIndex:
         #: The slot of the last trajectory a write ended with (-1: none), a hint for the next
         #: write's first key (checked against the slot's key before use).
         self._last_written = -1
+        #: Scratch space, one entry per trajectory slot, for the eviction's test that the
+        #: evicted runs belong to distinct trajectories (written before it is read).
+        self._seen = np.empty(0, dtype=I64)
 
     # ------------------------------------------------------------------ queries
     def __len__(self) -> int:
@@ -372,13 +375,23 @@ class ReplayIndex:
         np.not_equal(slots[1:], slots[:-1], out=cand[:-1])
         cand = cand.nonzero()[0]
         cand_slots = slots[cand]
-        order = np.argsort(cand_slots, kind="stable")
-        sorted_slots = cand_slots[order]
-        last = np.empty(order.size, dtype=bool)
-        last[-1] = True
-        np.not_equal(sorted_slots[1:], sorted_slots[:-1], out=last[:-1])
-        uniq = sorted_slots[last]
-        last_row = rows[cand[order[last]]]
+        # Usually each trajectory is one run here (one env's stream): the runs' slots are
+        # distinct, which one scatter into a per-slot scratch array and one gather tell
+        # (of several equal slots, whichever write lands, the others read another number).
+        if self._seen.size < self.traj.size:
+            self._seen = np.empty(self.traj.size, dtype=I64)
+        at = np.arange(cand.size, dtype=I64)
+        self._seen[cand_slots] = at
+        if not np.count_nonzero(self._seen[cand_slots] != at):
+            uniq, last_row = cand_slots, rows[cand]
+        else:  # a trajectory in several runs: keep each slot's last run (a stable sort)
+            order = np.argsort(cand_slots, kind="stable")
+            sorted_slots = cand_slots[order]
+            last = np.empty(order.size, dtype=bool)
+            last[-1] = True
+            np.not_equal(sorted_slots[1:], sorted_slots[:-1], out=last[:-1])
+            uniq = sorted_slots[last]
+            last_row = rows[cand[order[last]]]
         last_step = self.row_step[last_row]
         whole = last_step == T["last"][uniq]
         survives = ~whole
@@ -400,18 +413,21 @@ class ReplayIndex:
         self.seg.data[_BACK][S["fwd"][dead]] = -1
         self.seg.release(dead)
         if freed.size:
-            self.keys.remove(np.sort(T["key"][freed]))
+            self.keys.remove(T["key"][freed])
             T["key"][freed] = -1  # marks the slot free
             self.traj.release(freed)
         self.row_slot[where] = -1
         self.lo = new_lo
         return rows, part, head_old, freed
 
-    def _new_slots(self, keys: np.ndarray, *, increasing: bool = False) -> np.ndarray:
+    def _new_slots(
+        self, keys: np.ndarray, *, increasing: bool = False, out: np.ndarray | None = None
+    ) -> np.ndarray:
         """Allocate slots for (unique, absent) ``keys``: their key, ``first`` (0) and
         generation are set; the other fields are the caller's to write (``_NEW_TRAJ``).
-        ``increasing``: the caller knows ``keys`` increase."""
-        fresh = self.traj.alloc(keys.size)
+        ``increasing``: the caller knows ``keys`` increase. ``out``: where to put the slots
+        (returned)."""
+        fresh = self.traj.alloc(keys.size, out=out)
         T = self.traj.data
         T[_KEY][fresh] = keys
         T[_FIRST][fresh] = 0
@@ -516,28 +532,26 @@ class ReplayIndex:
             first_prev_seg = int(T[_LAST_SEG][first_slot])
             # (only the first run can extend its trajectory's last segment)
             merge = int(T[_LAST_ROW][first_slot]) == a0 - 1
+        # Per run: slot, first step minus first row (a row's step: this plus its row) and
+        # segment, built in place (``_record_rows`` repeats them over the rows).
+        per_run = np.empty((3, R), dtype=I64)
+        slot, seg = per_run[0], per_run[2]
         start_row = run_start + a0
         end_row = start_row + run_len
         end_row -= 1
-        fresh = self._new_slots(run_keys[tail:], increasing=True)
+        fresh = self._new_slots(run_keys[tail:], increasing=True, out=slot[tail:])
         T = self.traj.data  # the pool may have grown
         T[_FIRST_ROW][fresh] = start_row[tail:]
         if tail:
-            slot = np.empty(R, dtype=I64)
             slot[0] = first_slot
-            slot[1:] = fresh
-        else:
-            slot = fresh
         # A new segment per run but a merged first one; only the first run's new segment
         # can follow an earlier segment of its trajectory.
         if merge:
-            ids = self.seg.alloc(R - 1)
-            seg = np.empty(R, dtype=I64)
             seg[0] = first_prev_seg
-            seg[1:] = ids
+            ids = self.seg.alloc(R - 1, out=seg[1:])
             lo = start_row[1:]
         else:
-            seg = ids = self.seg.alloc(R)
+            ids = self.seg.alloc(R, out=seg)
             lo = start_row
         S = self.seg.data
         S[_LO][ids] = lo
@@ -547,14 +561,9 @@ class ReplayIndex:
             S[_BACK][ids[0]] = first_prev_seg
             S[_FWD][first_prev_seg] = ids[0]
         S[_HI][seg] = end_row
-        # Per row: slot, step and segment, repeated from the runs in one call (a row's
-        # step is its run's first step minus its first row, plus its row).
-        per_run = np.empty((3, R), dtype=I64)
-        per_run[0] = slot
         np.negative(start_row, out=per_run[1])
         if first_step:
             per_run[1, 0] += first_step
-        per_run[2] = seg
         self._record_rows(keys, rows, per_run, run_len, end_row)
         return slot
 

@@ -300,14 +300,20 @@ class SliceSampler(Sampler):
             new = report.new_rows
             self._ends.add(new[index.steps_before(new) >= length - 1])
         if self.weighting == "trajectory":
-            changed = report.touched_slots  # unique
-            if report.head_slots.size or report.freed_slots.size:
-                changed = np.unique(
-                    np.concatenate([report.head_slots, report.freed_slots, changed])
-                )
-                self._update_trajs(changed)
-            else:  # nothing overwritten: trajectories only gained steps, none leaves the set
-                self._add_trajs(changed)
+            # (Each of the three is unique.) Freed trajectories leave the set first (a slot
+            # freed and reused by this write is in ``touched_slots``); trajectories that lost
+            # their oldest steps are alive (a write frees only by eviction) and were in the
+            # set if they were long enough: with ``strict_length`` the ones now too short
+            # leave it; the written ones only gained steps (or were cut just before: then
+            # they are head slots too, already updated), so they can only join the set.
+            if report.freed_slots.size:
+                self._trajs.discard(report.freed_slots, unique=True)
+            if self.strict_length and report.head_slots.size:
+                slots = report.head_slots
+                T = index.traj.a
+                short = T["last"][slots] - T["first"][slots] < length - 1
+                self._trajs.discard(slots[short], unique=True)
+            self._add_trajs(report.touched_slots)
 
     def _add_trajs(self, slots: np.ndarray) -> None:
         """Add the trajectories of ``slots`` (live, unique) that are long enough."""
