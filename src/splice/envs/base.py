@@ -112,7 +112,9 @@ def write_item(writer: Any, column: np.ndarray, c: int, value: Any) -> Any:
     return the writer to use for that column from then on: ``writer``, or ``column`` once the
     memoryview refused a value (one of :data:`ITEM_ERRORS`), which then went through numpy's
     assignment (numpy's cast, or numpy's error, which propagates). The one implementation of
-    that rule: every staging write through an :func:`item_writer` goes through here.
+    that rule. Per-step callers try ``writer[c] = value`` inline and call this only when it
+    raised one of :data:`ITEM_ERRORS` (it tries again, then falls back): a call per write
+    costs 1-2% of a cheap env's step (``docs/design.md``).
 
     Examples:
         >>> col = np.zeros(3, np.int64)

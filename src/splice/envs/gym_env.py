@@ -9,7 +9,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
-from splice.envs.base import EnvAdapter, StepTargets, item_writer, write_item
+from splice.envs.base import ITEM_ERRORS, EnvAdapter, StepTargets, item_writer, write_item
 
 __all__ = ["GymEnvAdapter"]
 
@@ -101,20 +101,32 @@ class GymEnvAdapter(EnvAdapter):
             check = adapter.check_next
             if check:
                 adapter._check_step(obs, reward, terminated, truncated)
+            # Per-step writes try the writer inline (a call per write costs 1-2% of a cheap
+            # env's step, docs/design.md) and leave a refused value to write_item.
             if single_leaf:
-                obs_w = write_item(obs_w, next_obs0, c, obs)
+                try:
+                    obs_w[c] = obs
+                except ITEM_ERRORS:
+                    obs_w = write_item(obs_w, next_obs0, c, obs)
                 values = [obs]
             else:  # one env: its non-tensor leaves are plain objects (no per-env array)
                 values = flatten(obs)
-                for i, (arr, value) in enumerate(zip(next_obs, values)):  # noqa: B905 (one per leaf)
-                    obs_ws[i] = write_item(obs_ws[i], arr, c, value)
+                try:
+                    for w, value in zip(obs_ws, values):  # noqa: B905 (one per leaf)
+                        w[c] = value
+                except ITEM_ERRORS:
+                    for i, (arr, value) in enumerate(zip(next_obs, values)):  # noqa: B905
+                        obs_ws[i] = write_item(obs_ws[i], arr, c, value)
             if reads_info:
                 if one_key is not None and not check and one_key in info:
                     value = info[one_key]
                     try:
-                        info_w = write_item(info_w, info_col0, c, value)
-                    except ValueError:
-                        infos.raise_bad_values([value], "step()")
+                        info_w[c] = value
+                    except ITEM_ERRORS:
+                        try:
+                            info_w = write_item(info_w, info_col0, c, value)
+                        except ValueError:
+                            infos.raise_bad_values([value], "step()")
                     values.append(value)
                 else:
                     values += read_next_info(info, c, check)
