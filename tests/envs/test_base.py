@@ -1,6 +1,6 @@
-"""The adapters' shared staging writes: a scalar written through :func:`item_writer` (with the
-fallback to numpy's assignment its callers use) stores exactly what numpy's assignment stores,
-and fails where numpy's fails; a single env's step writes the same data either way."""
+"""The adapters' shared staging writes: a scalar written through :func:`item_writer` (with
+:func:`write_item`'s fallback to numpy's assignment) stores exactly what numpy's assignment
+stores, and fails where numpy's fails; a single env's step writes the same data either way."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from splice import Collector
-from splice.envs.base import ITEM_ERRORS, item_writer
+from splice.envs.base import item_writer, write_item
 from splice.testing import CountingEnv
 
 DTYPES = [np.bool_, np.int8, np.uint8, np.int16, np.int32, np.uint32, np.int64, np.uint64,
@@ -45,11 +45,9 @@ VALUES = st.one_of(
 
 
 def write(target: Any, fallback: np.ndarray, value: Any) -> None:
-    """What the loop and the adapters do: the writer first, numpy's assignment if it refuses."""
-    try:
-        target[1] = value
-    except ITEM_ERRORS:
-        fallback[1] = value
+    """What the loop and the adapters do (:func:`write_item`): the writer first, numpy's
+    assignment if it refuses."""
+    write_item(target, fallback, 1, value)
 
 
 @given(dtype=st.sampled_from(DTYPES), value=VALUES)

@@ -32,7 +32,7 @@ from splice.collectors._settings import positive_int
 from splice.collectors._staging import BATCH_KEYS, FLAG_KEYS, Staging
 from splice.collectors.ids import TrajectoryIds
 from splice.envs import EnvAdapter
-from splice.envs.base import ITEM_ERRORS, item_writer
+from splice.envs.base import ITEM_ERRORS, item_writer, write_item
 from splice.envs.infos import InfoKeysLike
 from splice.layout import ACTION, IS_INIT, TERMINATED, TRUNCATED, as_key_tuple
 from splice.policies import as_policy
@@ -272,7 +272,9 @@ class RolloutLoop:
         for arr, value in zip(obs_cols, adapter.obs, strict=True):
             arr[c] = value
         # Scalar columns written through memoryviews (item_writer), the arrays once a value
-        # does not fit one.
+        # does not fit one (write_item). Per-step writes try the writer inline (a call per
+        # write costs 1-2% of a cheap env's step, docs/design.md) and leave a refused value
+        # to write_item.
         init_w, action_w = item_writer(init_col), item_writer(action_col)
         obs_ws = [item_writer(arr) for arr in obs_cols]
         outputs: list[np.ndarray] = []
@@ -280,12 +282,11 @@ class RolloutLoop:
             if init_now is not no_init:
                 init_w[c] = init_now if batched else True
                 try:
-                    for arr, value in zip(obs_ws, adapter.obs, strict=True):
-                        arr[c] = value
+                    for w, value in zip(obs_ws, adapter.obs, strict=True):
+                        w[c] = value
                 except ITEM_ERRORS:
-                    obs_ws = obs_cols
-                    for arr, value in zip(obs_cols, adapter.obs, strict=True):
-                        arr[c] = value
+                    for i, (arr, value) in enumerate(zip(obs_cols, adapter.obs, strict=True)):
+                        obs_ws[i] = write_item(obs_ws[i], arr, c, value)
             if use_random:
                 action = env_act = sample()
             else:
@@ -298,8 +299,7 @@ class RolloutLoop:
             try:
                 action_w[c] = action
             except ITEM_ERRORS:
-                action_w = action_col
-                action_col[c] = action
+                action_w = write_item(action_w, action_col, c, action)
             if limit is not None:
                 limit.count(None if init_now is no_init else init_now)
             restarted = env_step(env_act, c)

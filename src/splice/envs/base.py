@@ -107,6 +107,37 @@ def item_writer(column: np.ndarray) -> Any:
     return column
 
 
+def write_item(writer: Any, column: np.ndarray, c: int, value: Any) -> Any:
+    """Write ``value`` at ``c`` of ``column`` through ``writer`` (its :func:`item_writer`) and
+    return the writer to use for that column from then on: ``writer``, or ``column`` once the
+    memoryview refused a value (one of :data:`ITEM_ERRORS`), which then went through numpy's
+    assignment (numpy's cast, or numpy's error, which propagates). The one implementation of
+    that rule. Per-step callers try ``writer[c] = value`` inline and call this only when it
+    raised one of :data:`ITEM_ERRORS` (it tries again, then falls back): a call per write
+    costs 1-2% of a cheap env's step (``docs/design.md``).
+
+    Examples:
+        >>> col = np.zeros(3, np.int64)
+        >>> w = item_writer(col)
+        >>> w = write_item(w, col, 0, 7)
+        >>> isinstance(w, memoryview)
+        True
+        >>> w = write_item(w, col, 1, 2.5)  # refused by the memoryview: numpy's cast
+        >>> w is col, col
+        (True, array([7, 2, 0]))
+        >>> write_item(w, col, 2, "x")
+        Traceback (most recent call last):
+        ...
+        ValueError: invalid literal for int() with base 10: 'x'
+    """
+    try:
+        writer[c] = value
+    except ITEM_ERRORS:
+        column[c] = value
+        return column
+    return writer
+
+
 @dataclass
 class StepTargets:
     """The staging arrays an adapter writes each step's results into, time-major ``[C, B, ...]``
@@ -282,16 +313,12 @@ class EnvAdapter(ABC):
         values = None if check else infos.read_step(info)
         if values is None:
             values = infos.read(info, "step()", check)
+        writers = self._next_info_ws
         try:  # one value per leaf (InfoReader.read)
-            for arr, value in zip(self._next_info_ws, values):  # noqa: B905
-                arr[c] = value
-        except ITEM_ERRORS:
-            self._next_info_ws = self._next_info  # numpy's writes from now on (item_writer)
-            try:
-                for arr, value in zip(self._next_info, values):  # noqa: B905
-                    arr[c] = value
-            except ValueError:
-                infos.raise_bad_values(values, "step()")
+            for i, (arr, value) in enumerate(zip(self._next_info, values)):  # noqa: B905
+                writers[i] = write_item(writers[i], arr, c, value)
+        except ValueError:
+            infos.raise_bad_values(values, "step()")
         return values
 
     # --------------------------------------------------------------- validation

@@ -9,7 +9,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
-from splice.envs.base import ITEM_ERRORS, EnvAdapter, StepTargets, item_writer
+from splice.envs.base import ITEM_ERRORS, EnvAdapter, StepTargets, item_writer, write_item
 
 __all__ = ["GymEnvAdapter"]
 
@@ -89,43 +89,42 @@ class GymEnvAdapter(EnvAdapter):
         one_key = infos.single_top_level_key() if self._next_info else None
         info_col0 = self._next_info[0] if one_key is not None else np.empty(0)
         read_next_info = self._read_next_info
-        # Scalar columns written through memoryviews (item_writer), the arrays once a value
-        # does not fit one.
+        # Scalar columns written through memoryviews (item_writer, write_item), the arrays once
+        # a value does not fit one.
         obs_w, obs_ws = item_writer(next_obs0), [item_writer(arr) for arr in next_obs]
         info_w = item_writer(info_col0)
         term_w, trunc_w = item_writer(self._terminated), item_writer(self._truncated)
 
         def step(action: Any, c: int) -> np.ndarray | None:
-            nonlocal obs_w, obs_ws, info_w
+            nonlocal obs_w, info_w
             obs, reward, terminated, truncated, info = env_step(action)
             check = adapter.check_next
             if check:
                 adapter._check_step(obs, reward, terminated, truncated)
+            # Per-step writes try the writer inline (a call per write costs 1-2% of a cheap
+            # env's step, docs/design.md) and leave a refused value to write_item.
             if single_leaf:
                 try:
                     obs_w[c] = obs
                 except ITEM_ERRORS:
-                    obs_w = next_obs0
-                    next_obs0[c] = obs
+                    obs_w = write_item(obs_w, next_obs0, c, obs)
                 values = [obs]
             else:  # one env: its non-tensor leaves are plain objects (no per-env array)
                 values = flatten(obs)
                 try:
-                    for arr, value in zip(obs_ws, values):  # noqa: B905 (one per leaf)
-                        arr[c] = value
+                    for w, value in zip(obs_ws, values):  # noqa: B905 (one per leaf)
+                        w[c] = value
                 except ITEM_ERRORS:
-                    obs_ws = next_obs
-                    for arr, value in zip(next_obs, values):  # noqa: B905
-                        arr[c] = value
+                    for i, (arr, value) in enumerate(zip(next_obs, values)):  # noqa: B905
+                        obs_ws[i] = write_item(obs_ws[i], arr, c, value)
             if reads_info:
                 if one_key is not None and not check and one_key in info:
                     value = info[one_key]
                     try:
                         info_w[c] = value
                     except ITEM_ERRORS:
-                        info_w = info_col0
                         try:
-                            info_col0[c] = value
+                            info_w = write_item(info_w, info_col0, c, value)
                         except ValueError:
                             infos.raise_bad_values([value], "step()")
                     values.append(value)
