@@ -378,7 +378,19 @@ class EnvAdapter(ABC):
 
     def step_function(self) -> Callable[[Any, int], np.ndarray | None]:
         """What the collector loop calls for each step: :meth:`step`, or an equivalent callable
-        an adapter makes cheaper to call (valid until the next :meth:`bind` or :meth:`select`)."""
+        an adapter makes cheaper to call (valid until the next :meth:`bind` or :meth:`select`).
+
+        Examples:
+            >>> import gymnasium as gym
+            >>> from splice.envs import make_adapter
+            >>> adapter = make_adapter(gym.make("CartPole-v1"))
+            >>> adapter.bind(adapter.allocate(capacity=4))
+            >>> adapter.reset(seed=0)
+            >>> step = adapter.step_function()  # called as ``adapter.step(action, c)``
+            >>> step(1, 0) is None, adapter.staging.reward[0]
+            (True, array([1.], dtype=float32))
+            >>> adapter.close()
+        """
         return self.step
 
     @abstractmethod
