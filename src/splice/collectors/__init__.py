@@ -4,11 +4,13 @@
   :meth:`~splice.Collector.start` to fill a replay buffer from a background thread;
 * :class:`~splice.MultiSyncCollector`, :class:`~splice.MultiAsyncCollector` — several worker
   processes (one batch made of every worker's part, or the first batch ready), same front end;
-* :class:`RolloutLoop` — the reusable single-process collection loop behind every collector;
+* :class:`RolloutLoop` — the reusable single-process collection loop behind every collector,
+  with its options in one :class:`LoopOptions`;
 * :class:`~splice.TrajectoryIds` — the id spaces that keep trajectory ids unique across collectors.
 """
 
 from splice.collectors._episodes import EpisodeStats
+from splice.collectors._settings import LoopOptions
 from splice.collectors._worker import WorkerError
 from splice.collectors.background import BackgroundRunner, StopCollection
 from splice.collectors.collector import Collector
@@ -20,6 +22,7 @@ __all__ = [
     "BackgroundRunner",
     "Collector",
     "EpisodeStats",
+    "LoopOptions",
     "MultiAsyncCollector",
     "MultiSyncCollector",
     "RolloutLoop",

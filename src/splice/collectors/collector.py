@@ -178,6 +178,10 @@ class Collector(CollectorBase):
             info_keys=info_keys,
             exclude_keys=exclude_keys,
             seed=seed,
+            progress=progress,
+            track_episodes=track_episodes,
+            device=device,
+            storing_device=storing_device,
         )
         self.adapter = make_adapter(env, num_envs=num_envs, env_kwargs=env_kwargs)
         try:
@@ -190,14 +194,8 @@ class Collector(CollectorBase):
                 policy,
                 steps=steps,
                 ids=self.ids,
-                max_frames_per_traj=max_frames_per_traj,
-                set_truncated=set_truncated,
+                options=settings.loop,
                 seed=None if seed is None else int(seed),
-                device=device,
-                storing_device=storing_device,
-                track_episodes=progress or track_episodes,
-                info_keys=settings.info_keys,
-                exclude_keys=settings.exclude_keys,
             )
         except BaseException:
             self.adapter.close()
@@ -207,8 +205,6 @@ class Collector(CollectorBase):
             policy=policy.module if isinstance(policy, ModulePolicy) else policy,
             replay_buffer=replay_buffer,
             frames_per_batch=b * steps,
-            progress=progress,
-            track_episodes=track_episodes,
         )
         self._next_iter: Iterator[TensorDictBase] | None = None  # next()'s iteration
 
@@ -232,9 +228,6 @@ class Collector(CollectorBase):
         assert isinstance(self._loop, WholeEpisodeLoop)
         frames = self._loop.collect_episodes(random_actions=random_actions)
         self._count_collected(frames, self._loop.episodes.returns)
-
-    def _reset_envs(self) -> None:
-        self._loop.reset_envs()
 
     def _restart(self) -> None:
         self._loop.restart()

@@ -17,23 +17,20 @@ out of staging into fresh tensors, so a yielded batch is never overwritten, and 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import torch
 from tensordict import TensorDict
-from tensordict.utils import NestedKey
 
 from splice._rng import seed_from_torch
 from splice.collectors._episodes import BatchLabeller, EpisodeStats, TimeLimit
 from splice.collectors._policy_step import PolicyStep
-from splice.collectors._settings import positive_int
+from splice.collectors._settings import LoopOptions, positive_int
 from splice.collectors._staging import BATCH_KEYS, FLAG_KEYS, Staging
 from splice.collectors.ids import TrajectoryIds
 from splice.envs import EnvAdapter
 from splice.envs.base import ITEM_ERRORS, item_writer, write_item
-from splice.envs.infos import InfoKeysLike
 from splice.layout import ACTION, IS_INIT, TERMINATED, TRUNCATED, as_key_tuple
 from splice.policies import as_policy
 
@@ -50,31 +47,26 @@ class RolloutLoop:
             TensorDict involved).
         steps: ``T``, the time steps of every batch.
         ids: where trajectory ids come from.
-        max_frames_per_traj: truncate episodes at this many steps (``truncated=True``, the env
-            is reset, a new id starts); needs an env that can reset a subset of its envs.
-        set_truncated: also set ``truncated`` and ``done`` on the cut last step of each row
-            (TorchRL's ``set_truncated``); ``("collector", "cut")`` stays True there.
+        options: the loop's options (:class:`~splice.collectors.LoopOptions`): time limit,
+            ``set_truncated``, ``reset_at_each_iter``, episode statistics, info and excluded
+            keys, devices; ``None``: the defaults.
         seed: seeds the first reset and the random actions.
-        device: where the policy runs (``None``: CPU).
-        storing_device: where batches are returned (``None``: CPU).
-        track_episodes: compute :attr:`episodes` (returns and lengths) for every batch.
-        info_keys: the ``info`` entries to store (and show the policy), see
-            :mod:`splice.envs.infos`.
-        exclude_keys: observation keys to leave out of the data and the policy input.
 
     Raises:
-        ValueError: ``steps < 1``, a bad ``max_frames_per_traj``, or ``max_frames_per_traj``
-            with an env that cannot reset a subset of its envs; a bad ``exclude_keys`` or
+        ValueError: ``steps < 1``, a bad ``options.max_frames_per_traj``, or a time limit with
+            an env that cannot reset a subset of its envs; a bad ``exclude_keys`` or
             ``info_keys`` entry.
         TypeError: a ``policy`` :func:`~splice.policies.as_policy` does not accept.
 
     Examples:
         >>> import gymnasium as gym
+        >>> from splice.collectors import LoopOptions
         >>> from splice.collectors.ids import TrajectoryIds
         >>> from splice.envs import make_adapter
         >>> loop = RolloutLoop(
         ...     make_adapter(gym.make("CartPole-v1")), None, steps=30,
-        ...     ids=TrajectoryIds(worker_id=8), max_frames_per_traj=10, seed=0,
+        ...     ids=TrajectoryIds(worker_id=8), options=LoopOptions(max_frames_per_traj=10),
+        ...     seed=0,
         ... )
         >>> batch = loop.collect()
         >>> batch.batch_size, int(batch["next", "truncated"].sum()) >= 1
@@ -89,33 +81,36 @@ class RolloutLoop:
         *,
         steps: int,
         ids: TrajectoryIds,
-        max_frames_per_traj: int | None = None,
-        set_truncated: bool = False,
+        options: LoopOptions | None = None,
         seed: int | None = None,
-        device: torch.device | str | None = None,
-        storing_device: torch.device | str | None = None,
-        track_episodes: bool = False,
-        info_keys: InfoKeysLike | None = None,
-        exclude_keys: Sequence[NestedKey] | None = None,
     ) -> None:
         positive_int("steps", steps)
+        options = LoopOptions() if options is None else options
         self._policy = as_policy(policy)
         adapter.select(
-            exclude_keys=[as_key_tuple(k) for k in exclude_keys or []], info_keys=info_keys
+            exclude_keys=[as_key_tuple(k) for k in options.exclude_keys],
+            info_keys=options.info_keys,
         )
         self.adapter = adapter
         self.steps = steps
         self.ids = ids
-        self.storing_device = None if storing_device is None else torch.device(storing_device)
-        self.track_episodes = track_episodes
+        #: The loop's options.
+        self.options = options
+        self.storing_device = (
+            None if options.storing_device is None else torch.device(options.storing_device)
+        )
+        self.track_episodes = options.track_episodes
         #: The episodes that ended in the last batch (with ``track_episodes``).
         self.episodes = EpisodeStats()
         self._labeller = BatchLabeller(
-            adapter.num_envs, ids, set_truncated=set_truncated, track_episodes=track_episodes
+            adapter.num_envs,
+            ids,
+            set_truncated=options.set_truncated,
+            track_episodes=options.track_episodes,
         )
         self._seed = seed
         self.staging = Staging.for_env(adapter, steps)
-        self._device = device
+        self._device = options.device
         #: Runs the policy; made at the first reset, once the info leaves are known.
         self.policy_step: PolicyStep | None = None
         self._bound_version = -1  # the staging version the adapter writes into
@@ -125,9 +120,8 @@ class RolloutLoop:
         self._started = False
         self._actions_seeded = False
         self._init_now = self._all_init
-        self._limit = (
-            None if max_frames_per_traj is None else TimeLimit(adapter, max_frames_per_traj)
-        )
+        limit = options.max_frames_per_traj
+        self._limit = None if limit is None else TimeLimit(adapter, limit)
 
     # -------------------------------------------------------------------- state
     def restart(self, seed: int | None = None) -> None:
@@ -203,6 +197,8 @@ class RolloutLoop:
         raises)."""
         if not self._started:
             self._start()
+        elif self.options.reset_at_each_iter:
+            self._reset_all(None)  # the episodes in flight end with a cut, new ones start
         self.adapter.check_next = True
         policy_step = self.policy_step
         if policy_step is not None:
