@@ -1,27 +1,40 @@
 """Turn a sampler's :class:`Draw` into the sample TensorDict (and the ``info`` dict).
 
-Split in two so that the buffer holds its lock only while reading the storage:
-:func:`plan` decides which rows to read (before), :func:`build` assembles the output from the
-rows read (after).
+Split in three so that the buffer holds its lock only while reading the storage:
+:func:`plan` decides which rows (and keys) to read, :func:`read` gathers them (under the
+lock), :func:`build` assembles the output from what was read (after).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 from tensordict import TensorDict
 from torch import Tensor
 
-from splice._gather import take_rows
+from splice._gather import numpy_view, take_rows
 from splice._non_tensor import set_objects
 from splice.layout import CUT, MASK, Key, LayoutError, fmt_key
-from splice.replay._batch import Columns, Objects
+from splice.replay._batch import Columns, Objects, Schema
 from splice.replay.samplers._base import Draw, SliceMarks
 
-__all__ = ["BURN_IN", "INDEX", "PRIORITY_WEIGHT", "Plan", "build", "plan"]
+if TYPE_CHECKING:
+    from splice.replay.storage import Storage
+
+__all__ = [
+    "BURN_IN",
+    "INDEX",
+    "PRIORITY_WEIGHT",
+    "Plan",
+    "Read",
+    "build",
+    "check_keys",
+    "plan",
+    "read",
+]
 
 #: True on the burn-in steps of a slice (warm-up only: no loss there).
 BURN_IN = ("collector", "burn_in")
@@ -36,38 +49,160 @@ class Plan:
     """Which rows to read and how the output is shaped.
 
     Attributes:
-        rows: flat storage rows to read (padding replaced by the slice's last real row).
+        rows: flat storage rows to read, one per output step (padding replaced by the
+            slice's last real row).
         batch: output batch size.
         select: for flat unpadded slices with some short slice, the ``[S, W]`` mask of real
             steps whose flattening gives the output order; else None.
+        full: with ``burn_in_keys``, the output positions that read every key (the slices'
+            training steps and the padding after them); the other positions (the burn-in
+            steps and, right-aligned, the padding before them) read only the burn-in keys.
+            None: every position reads every key.
+        first: with ``burn_in_keys``, the row of each slice's first step (where
+            ``state_keys`` are read); else None.
     """
 
     rows: np.ndarray
     batch: tuple[int, ...]
     select: np.ndarray | None
+    full: np.ndarray | None = None
+    first: np.ndarray | None = None
 
 
 def slice_lengths(draw: Draw) -> np.ndarray:
-    """``[S]`` real steps per slice: ``draw.length``, or each row's steps before its first -1."""
+    """``[S]`` real steps per slice: ``draw.length``, or each row's steps (rows ``>= 0``)."""
     if draw.length is not None:
         return draw.length
-    valid = draw.rows >= 0
-    return np.where(valid.all(axis=1), valid.shape[1], np.argmin(valid, axis=1)).astype(np.int64)
+    return np.count_nonzero(draw.rows >= 0, axis=1).astype(np.int64)
 
 
-def plan(draw: Draw, *, shaped: bool, pad: bool) -> Plan:
+def slice_starts(draw: Draw) -> np.ndarray | int:
+    """``[S]`` column of each slice's first step: ``draw.start``, or 0 (left-aligned)."""
+    return draw.start if draw.start is not None else 0
+
+
+def plan(draw: Draw, *, shaped: bool, pad: bool, marks: SliceMarks | None = None) -> Plan:
     rows = draw.rows
     if rows.ndim == 1:
         return Plan(rows, (rows.size,), None)
     S, W = rows.shape
     valid = rows >= 0
+    select = None
     if valid.all():
-        return Plan(rows.reshape(-1), (S, W) if shaped else (S * W,), None)
-    if shaped or pad:
-        last = rows[np.arange(S), slice_lengths(draw) - 1]
-        filled = np.where(valid, rows, last[:, None])
-        return Plan(filled.reshape(-1), (S, W) if shaped else (S * W,), None)
-    return Plan(rows[valid], (int(valid.sum()),), valid)
+        flat, batch = rows.reshape(-1), ((S, W) if shaped else (S * W,))
+    elif shaped or pad:
+        start = slice_starts(draw)
+        last = rows[np.arange(S), start + slice_lengths(draw) - 1]
+        flat = np.where(valid, rows, last[:, None]).reshape(-1)
+        batch = (S, W) if shaped else (S * W,)
+    else:
+        flat, batch, select = rows[valid], (int(valid.sum()),), valid
+    if marks is None or marks.burn_in_keys is None or draw.burn is None:
+        return Plan(flat, batch, select)
+    # Burn-in keys: every column left of a slice's first training step reads only them.
+    start = slice_starts(draw)
+    before = np.arange(W) < (start + draw.burn)[:, None]
+    if not before.any():
+        return Plan(flat, batch, select)
+    before = before[select] if select is not None else before.reshape(-1)
+    first = rows[np.arange(S), start]
+    return Plan(flat, batch, select, full=np.flatnonzero(~before), first=first)
+
+
+def stored_keys(schema: Schema) -> list[Key]:
+    """Every stored key: the tensor keys, then the object keys."""
+    return [*schema.entries, *schema.objects]
+
+
+def burn_in_leaves(keys: tuple[Key, ...], schema: Schema) -> set[Key]:
+    """The stored keys that ``keys`` name (a key names itself and every key under it)."""
+    return {leaf for leaf in stored_keys(schema) if any(leaf[: len(key)] == key for key in keys)}
+
+
+def check_keys(marks: SliceMarks | None, schema: Schema | None) -> None:
+    """Raise, before a draw, if the sampler asks for keys the buffer does not store.
+
+    Raises:
+        LayoutError: a ``burn_in_keys`` entry naming no stored key, or a ``state_keys``
+            entry that is not a stored key (the message names the argument and the key).
+    """
+    if marks is None or schema is None:
+        return
+    stored = stored_keys(schema)
+    for key in marks.burn_in_keys or ():
+        if not any(leaf[: len(key)] == key for leaf in stored):
+            raise LayoutError(
+                f"burn_in_keys: {fmt_key(key)} is not stored in the buffer (stored keys: "
+                f"{', '.join(fmt_key(k) for k in stored)})"
+            )
+    for key in marks.state_keys:
+        if key not in schema.entries and key not in schema.objects:
+            raise LayoutError(
+                f"state_keys: {fmt_key(key)} is not stored in the buffer (stored keys: "
+                f"{', '.join(fmt_key(k) for k in stored)})"
+            )
+
+
+@dataclass(frozen=True)
+class Read:
+    """What :func:`read` gathered: the output's columns and object columns (one value per
+    output step), the rows read as a tensor, and the ``state_keys`` at each slice's first
+    step when they were read apart (``burn_in_keys``; else None)."""
+
+    columns: Columns
+    objects: Objects
+    rows: Tensor
+    initial: tuple[Columns, Objects] | None = None
+
+
+def read(storage: Storage, p: Plan, marks: SliceMarks | None) -> Read:
+    """Gather the rows of plan ``p`` from ``storage`` (called under the buffer's lock).
+
+    With ``burn_in_keys`` only those keys are read at the positions before each slice's
+    training steps; the other keys are read at the training positions (``p.full``) and are
+    zero (None for object keys) before them. Cost: O(output steps) per key either way.
+    """
+    rows = torch.from_numpy(p.rows)
+    if p.full is None:
+        return Read(storage.gather(rows), storage.gather_objects(rows), rows)
+    assert marks is not None and marks.burn_in_keys is not None and storage.schema is not None
+    schema = storage.schema
+    wanted = burn_in_leaves(marks.burn_in_keys, schema)
+    rest = {key for key in stored_keys(schema) if key not in wanted}
+    everywhere = storage.gather(rows, wanted)
+    everywhere_objects = storage.gather_objects(rows, wanted)
+    full_rows = torch.from_numpy(p.rows[p.full])
+    part = storage.gather(full_rows, rest)
+    part_objects = storage.gather_objects(full_rows, rest)
+    n = p.rows.size
+    columns = {
+        key: everywhere[key] if key in wanted else _spread(part[key], p.full, n)
+        for key in schema.entries
+    }
+    objects: Objects = {}
+    for key in schema.objects:
+        if key in wanted:
+            objects[key] = everywhere_objects[key]
+        else:
+            objects[key] = np.full(n, None, dtype=object)
+            objects[key][p.full] = part_objects[key]
+    initial = None
+    if marks.state_keys and p.first is not None:
+        first = torch.from_numpy(p.first)
+        state = set(marks.state_keys)
+        initial = storage.gather(first, state), storage.gather_objects(first, state)
+    return Read(columns, objects, rows, initial)
+
+
+def _spread(values: Tensor, positions: np.ndarray, n: int) -> Tensor:
+    """``[n, ...]`` zeros with ``values`` at ``positions`` (flat output positions)."""
+    out = values.new_zeros((n, *values.shape[1:]))
+    target, source = numpy_view(out), numpy_view(values)
+    if target is not None and source is not None:
+        target[positions] = source
+    else:
+        out[torch.from_numpy(positions).to(out.device)] = values
+    return out
 
 
 def _nest(flat: dict[Key, Tensor]) -> dict[str, Any]:
@@ -106,27 +241,20 @@ def _marker(m: np.ndarray, p: Plan, like: Tensor | None = None) -> Tensor:
 
 
 def build(
-    columns: Columns,
-    draw: Draw,
-    p: Plan,
-    marks: SliceMarks | None,
-    *,
-    shaped: bool,
-    objects: Objects | None = None,
-    read: Tensor | None = None,
+    got: Read, draw: Draw, p: Plan, marks: SliceMarks | None, *, shaped: bool
 ) -> tuple[TensorDict, dict[str, object]]:
     """The sample TensorDict and the info dict (see ``ReplayBuffer.sample``).
 
-    ``marks`` says how to mark slices (a sampler's :attr:`~splice.replay.Sampler.marks`;
-    slices drawn by a sampler without marks get the defaults). ``objects``: the object
-    columns read at ``p.rows``; ``read``: ``p.rows`` as the tensor the storage read with,
-    when the caller has it (single steps reuse it as the index).
+    ``got``: what :func:`read` gathered for plan ``p``. ``marks`` says how to mark slices (a
+    sampler's :attr:`~splice.replay.Sampler.marks`; slices drawn by a sampler without marks
+    get the defaults).
     """
+    columns, objects = got.columns, got.objects
     shaped_objects = {k: v.reshape(p.batch) for k, v in objects.items()} if objects else None
     rows = draw.rows
     if rows.ndim == 1:  # single steps: the gathered columns are the output as they are
         out = dict(columns)
-        index = read if read is not None and p.rows is rows else torch.from_numpy(rows)
+        index = got.rows if p.rows is rows else torch.from_numpy(rows)
         out[INDEX] = index
         info: dict[str, object] = {"index": index}
         if draw.weight is not None:
@@ -138,13 +266,14 @@ def build(
     marks = marks if marks is not None else SliceMarks()
     length = slice_lengths(draw)
     burn = draw.burn if draw.burn is not None else np.zeros(length.size, dtype=np.int64)
+    start = slice_starts(draw)
     S, W = rows.shape
     n_out = int(np.prod(p.batch))
     # Output position of each slice's first step: rows of W, or real steps back to back.
-    first = np.arange(S) * W if p.select is None else np.cumsum(length) - length
+    first = np.arange(S) * W + start if p.select is None else np.cumsum(length) - length
     last = first + length - 1
-    j = np.arange(W)
-    valid = j < length[:, None]
+    j = np.arange(W) - np.reshape(start, (-1, 1))  # step within each slice
+    valid = (j >= 0) & (j < length[:, None])
     padding = None if p.select is not None or bool(valid.all()) else ~valid.reshape(-1)
     if marks.truncated_key is not None:
         _mark_ends(out, last, padding, p.batch, marks.truncated_key)
@@ -153,7 +282,7 @@ def build(
     if shaped or marks.pad_output:
         out[MASK] = _marker(valid, p)
     if marks.burn_in:
-        out[BURN_IN] = _marker(j < burn[:, None], p)
+        out[BURN_IN] = _marker((j >= 0) & (j < burn[:, None]), p)
     index_rows = torch.from_numpy(rows)
     out[INDEX] = (
         index_rows[torch.from_numpy(p.select)]
@@ -173,7 +302,14 @@ def build(
             per_step[p.select] if p.select is not None else per_step
         ).reshape(p.batch)
     if marks.state_keys:
-        info["initial_state"] = _initial_state(columns, objects or {}, first, marks.state_keys, S)
+        if got.initial is not None:  # read apart, at each slice's first step
+            at_first, objects_at_first = got.initial
+            pick = np.arange(S)
+        else:
+            at_first, objects_at_first, pick = columns, objects, first
+        info["initial_state"] = _initial_state(
+            at_first, objects_at_first, pick, marks.state_keys, S
+        )
     return to_tensordict(out, p.batch, shaped_objects), info
 
 

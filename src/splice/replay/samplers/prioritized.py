@@ -441,9 +441,10 @@ class PrioritizedSliceSampler(SliceSampler):
     def draw(self, batch_size: int) -> Draw:
         draw = super().draw(batch_size)
         assert draw.length is not None
-        ends = draw.rows[np.arange(draw.rows.shape[0]), draw.length - 1]
+        start = draw.start if draw.start is not None else 0
+        ends = draw.rows[np.arange(draw.rows.shape[0]), start + draw.length - 1]
         weight = np.power(self._tree.get(ends) / self._tree.min(), -self.beta)
-        return Draw(draw.rows, draw.length, draw.burn, weight)
+        return Draw(draw.rows, draw.length, draw.burn, weight, draw.start)
 
     def update_priority(self, rows: np.ndarray, priority: np.ndarray) -> None:
         """Set per-step priorities at storage rows and re-score affected slices.
