@@ -36,7 +36,7 @@ __all__ = [
     "read",
 ]
 
-#: True on the burn-in steps of a slice (warm-up only: no loss there).
+#: True on the steps before a slice's training steps (burn-in or context: no loss there).
 BURN_IN = ("collector", "burn_in")
 #: Storage row of every sampled step (-1 on padding), as TorchRL's ``"index"``.
 INDEX = ("index",)

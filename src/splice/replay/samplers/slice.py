@@ -208,6 +208,37 @@ class SliceSampler(Sampler):
         >>> sample["next", "truncated"].squeeze(-1)
         tensor([[False, False, False,  True],
                 [False, False, False,  True]])
+
+        An attention model's context: 2 training steps per slice at columns 3 and 4, the 3
+        steps of the episode before them at columns 0-2 (only their observations read):
+
+        >>> from splice import attention_mask
+        >>> rb = ReplayBuffer(
+        ...     storage=LazyTensorStorage(100),
+        ...     sampler=SliceSampler(
+        ...         slice_len=2,
+        ...         burn_in=3,
+        ...         burn_in_align="right",
+        ...         burn_in_keys=["observation"],
+        ...         as_sequences=True,
+        ...         seed=0,
+        ...     ),
+        ...     batch_size=4,
+        ... )
+        >>> steps = {"observation": step.float(), "action": step % 2}
+        >>> steps["collector", "traj_ids"] = step // 5
+        >>> _ = rb.extend(TensorDict(steps, batch_size=[20]))
+        >>> sample = rb.sample()
+        >>> sample["index"]  # -1: no step of the episode there (episodes start at 0, 5, 10, 15)
+        tensor([[-1, 15, 16, 17, 18],
+                [-1, -1, -1, 10, 11]])
+        >>> sample["action"]  # not in burn_in_keys: zero before the training steps
+        tensor([[0, 0, 0, 1, 0],
+                [0, 0, 0, 0, 1]])
+        >>> mask = attention_mask(sample["collector", "mask"], window=3)  # [2, 5, 5]
+        >>> mask[0, 3:].int()  # training steps see themselves and up to 3 stored steps before
+        tensor([[0, 1, 1, 1, 0],
+                [0, 1, 1, 1, 1]], dtype=torch.int32)
     """
 
     needs_trajectories = True
