@@ -179,7 +179,7 @@ KEY_CHOICES = [None, ["g"], ["g", "memory"], ["g", "next"]]
     layout=st.sampled_from(["bt", "flat", "padded"]),
     ids=st.booleans(),
     storage=st.sampled_from(["memory", "memory", "memmap"]),
-    obs_width=st.sampled_from([4, 16]),
+    obs_width=st.sampled_from([4, 16, 32]),
     seed=st.integers(0, 3),
 )
 def test_every_window_is_the_k_steps_before_the_slice_in_its_episode(
@@ -201,8 +201,9 @@ def test_every_window_is_the_k_steps_before_the_slice_in_its_episode(
     seed,
 ) -> None:
     """Random episode lengths, chunkings, layouts, storages (overwriting, wrap-around;
-    observations of 16 floats are stored once with their next values), slice lengths and K:
-    every window of every sampler holds exactly the ground truth."""
+    observations of 16 and 32 floats are stored once with their next values; those of 32
+    floats are read at the training steps only, the smaller keys with their neighbours),
+    slice lengths and K: every window of every sampler holds exactly the ground truth."""
     if align == "right":
         capacity = max(capacity, K + slice_len)  # (longer windows are refused: tested below)
     if not ids:
@@ -309,8 +310,10 @@ def test_state_keys_are_read_at_the_first_step_when_burn_in_keys_leave_them_out(
 
 
 def test_burn_in_keys_read_only_those_keys_before_the_training_steps() -> None:
-    """The cost of a window: the keys not asked for are read at the training steps only
-    (``num_slices * slice_len`` rows), the asked ones at every column."""
+    """The cost of a window: a key not asked for is read at the training steps only
+    (``num_slices * slice_len`` rows; keys of a few bytes per step are read with their
+    neighbours and zeroed, which costs less than a second gather), the asked ones at every
+    column."""
 
     class Counting(LazyTensorStorage):
         def __init__(self, *args: object, **kwargs: object) -> None:
@@ -337,13 +340,17 @@ def test_burn_in_keys_read_only_those_keys_before_the_training_steps() -> None:
     stream = SyntheticStream(2, 200.0, seed=0, labels=True)
     batch = stream.chunk(400)
     batch["memory"] = memory_of(batch["g"])
+    batch["pixels"] = torch.ones(2, 400, 8, 8)  # 256 bytes per step
     rb.extend(batch)
     storage.reads.clear()
-    rb.sample()
+    sample = rb.sample()
     assert storage.reads[("observation",)] == S * (K + L)
     assert storage.reads[("memory",)] == S * (K + L)
-    for key in (("action",), ("next", "observation"), ("g",), TRAJ_IDS):
-        assert storage.reads[key] == S * L, key
+    assert storage.reads[("pixels",)] == S * L
+    assert bool((sample["pixels"][:, K:] == 1).all()) and not bool(sample["pixels"][:, :K].any())
+    for key in (("action",), ("g",), TRAJ_IDS):  # small: read with their neighbours ...
+        assert storage.reads[key] == S * (K + L), key
+        assert not bool(sample.get(key)[:, :K].any())  # ... and zero before the training steps
 
 
 def test_attention_mask_recipe_gives_each_training_step_its_collection_window() -> None:

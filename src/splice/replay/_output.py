@@ -7,6 +7,7 @@ lock), :func:`build` assembles the output from what was read (after).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -19,6 +20,7 @@ from splice._gather import numpy_view, take_rows
 from splice._non_tensor import set_objects
 from splice.layout import CUT, MASK, Key, LayoutError, fmt_key
 from splice.replay._batch import Columns, Objects, Schema
+from splice.replay._structures import EMPTY
 from splice.replay.samplers._base import Draw, SliceMarks
 
 if TYPE_CHECKING:
@@ -54,19 +56,36 @@ class Plan:
         batch: output batch size.
         select: for flat unpadded slices with some short slice, the ``[S, W]`` mask of real
             steps whose flattening gives the output order; else None.
-        full: with ``burn_in_keys``, the output positions that read every key (the slices'
-            training steps and the padding after them); the other positions (the burn-in
-            steps and, right-aligned, the padding before them) read only the burn-in keys.
-            None: every position reads every key.
+        train_from: with ``burn_in_keys``, each slice's first training column: the
+            positions before it (burn-in steps and, right-aligned, the padding before them)
+            read only the burn-in keys. None: every position reads every key.
         first: with ``burn_in_keys``, the row of each slice's first step (where
             ``state_keys`` are read); else None.
+        full_from: the first training column when it is the same in every row and the
+            output has ``W`` positions per row (right-aligned burn-in); else None.
     """
 
     rows: np.ndarray
     batch: tuple[int, ...]
     select: np.ndarray | None
-    full: np.ndarray | None = None
+    train_from: np.ndarray | None = None
     first: np.ndarray | None = None
+    full_from: int | None = None
+
+    def before(self) -> np.ndarray:
+        """Bool ``[n]``: the output positions before their slice's training steps."""
+        assert self.train_from is not None
+        W = (
+            self.select.shape[1]
+            if self.select is not None
+            else self.rows.size // self.train_from.size
+        )
+        mask = np.arange(W) < self.train_from[:, None]
+        return mask[self.select] if self.select is not None else mask.reshape(-1)
+
+    def full(self) -> np.ndarray:
+        """The output positions from each slice's first training step on."""
+        return np.flatnonzero(~self.before())
 
 
 def slice_lengths(draw: Draw) -> np.ndarray:
@@ -101,12 +120,13 @@ def plan(draw: Draw, *, shaped: bool, pad: bool, marks: SliceMarks | None = None
         return Plan(flat, batch, select)
     # Burn-in keys: every column left of a slice's first training step reads only them.
     start = slice_starts(draw)
-    before = np.arange(W) < (start + draw.burn)[:, None]
-    if not before.any():
+    train_from = start + draw.burn  # each slice's first training column
+    if not train_from.any():
         return Plan(flat, batch, select)
-    before = before[select] if select is not None else before.reshape(-1)
     first = rows[np.arange(S), start]
-    return Plan(flat, batch, select, full=np.flatnonzero(~before), first=first)
+    c0 = int(train_from[0])
+    regular = select is None and bool((train_from == c0).all())  # (right-aligned)
+    return Plan(flat, batch, select, train_from, first, c0 if regular else None)
 
 
 def stored_keys(schema: Schema) -> list[Key]:
@@ -155,37 +175,52 @@ class Read:
     initial: tuple[Columns, Objects] | None = None
 
 
+#: Keys of at most this many bytes per step are read at every position of a slice with
+#: ``burn_in_keys`` and zeroed before its training steps (reading a few neighbouring rows
+#: costs less than a second gather); larger ones are read at the training steps only.
+SMALL_STEP_BYTES = 64
+
+
 def read(storage: Storage, p: Plan, marks: SliceMarks | None) -> Read:
     """Gather the rows of plan ``p`` from ``storage`` (called under the buffer's lock).
 
-    With ``burn_in_keys`` only those keys are read at the positions before each slice's
-    training steps; the other keys are read at the training positions (``p.full``) and are
-    zero (None for object keys) before them. Cost: O(output steps) per key either way.
+    With ``burn_in_keys``, the keys they name are read at every position; the other keys
+    are zero (None for object keys) before each slice's training steps, where they are not
+    read (keys of up to :data:`SMALL_STEP_BYTES` per step are read with the neighbouring
+    rows, then zeroed). Cost: O(output steps) per key either way.
     """
     rows = torch.from_numpy(p.rows)
-    if p.full is None:
+    if p.train_from is None:
         return Read(storage.gather(rows), storage.gather_objects(rows), rows)
     assert marks is not None and marks.burn_in_keys is not None and storage.schema is not None
     schema = storage.schema
-    wanted = burn_in_leaves(marks.burn_in_keys, schema)
-    rest = {key for key in stored_keys(schema) if key not in wanted}
-    everywhere = storage.gather(rows, wanted)
+    wanted, small, large = _split_keys(marks.burn_in_keys, schema)
+    everywhere = storage.gather(rows, wanted | small)
     everywhere_objects = storage.gather_objects(rows, wanted)
-    full_rows = torch.from_numpy(p.rows[p.full])
-    part = storage.gather(full_rows, rest)
-    part_objects = storage.gather_objects(full_rows, rest)
+    part: Columns = {}
+    part_objects: Objects = {}
+    full = p.full() if large else EMPTY
+    if large:
+        full_rows = torch.from_numpy(p.rows[full])
+        part = storage.gather(full_rows, large)
+        part_objects = storage.gather_objects(full_rows, large)
+    before = p.before() if small and p.full_from is None else None
     n = p.rows.size
-    columns = {
-        key: everywhere[key] if key in wanted else _spread(part[key], p.full, n)
-        for key in schema.entries
-    }
+    columns: Columns = {}
+    for key in schema.entries:
+        if key in wanted:
+            columns[key] = everywhere[key]
+        elif key in small:
+            columns[key] = _zero_before(everywhere[key], p, before)
+        else:
+            columns[key] = _spread(part[key], p, full)
     objects: Objects = {}
     for key in schema.objects:
         if key in wanted:
             objects[key] = everywhere_objects[key]
         else:
             objects[key] = np.full(n, None, dtype=object)
-            objects[key][p.full] = part_objects[key]
+            objects[key][full] = part_objects[key]
     initial = None
     if marks.state_keys and p.first is not None:
         first = torch.from_numpy(p.first)
@@ -194,14 +229,67 @@ def read(storage: Storage, p: Plan, marks: SliceMarks | None) -> Read:
     return Read(columns, objects, rows, initial)
 
 
-def _spread(values: Tensor, positions: np.ndarray, n: int) -> Tensor:
-    """``[n, ...]`` zeros with ``values`` at ``positions`` (flat output positions)."""
-    out = values.new_zeros((n, *values.shape[1:]))
-    target, source = numpy_view(out), numpy_view(values)
-    if target is not None and source is not None:
-        target[positions] = source
+KeySplit = tuple[frozenset[Key], frozenset[Key], frozenset[Key]]
+#: The last split computed, ``(schema, burn_in_keys, split)``: a schema never changes once a
+#: storage has one, so a buffer sampled again reuses it (replaced whole: thread safe).
+_last_split: tuple[Schema, tuple[Key, ...], KeySplit] | None = None
+
+
+def _split_keys(keys: tuple[Key, ...], schema: Schema) -> KeySplit:
+    """The stored keys ``keys`` name; the other tensor keys of at most
+    :data:`SMALL_STEP_BYTES` per step; and the rest."""
+    global _last_split
+    last = _last_split
+    if last is not None and last[0] is schema and last[1] == keys:
+        return last[2]
+    wanted = frozenset(burn_in_leaves(keys, schema))
+    small = frozenset(
+        key
+        for key, (dtype, shape) in schema.entries.items()
+        if key not in wanted and dtype.itemsize * math.prod(shape) <= SMALL_STEP_BYTES
+    )
+    large = frozenset(k for k in stored_keys(schema) if k not in wanted and k not in small)
+    _last_split = schema, keys, (wanted, small, large)
+    return wanted, small, large
+
+
+def _zero_before(out: Tensor, p: Plan, before: np.ndarray | None) -> Tensor:
+    """``out`` (a fresh ``[n, ...]`` gather) with its positions before the training steps
+    (``before``, or the first ``p.full_from`` columns of every row) zeroed, in place."""
+    target = numpy_view(out)
+    if p.full_from is not None and target is not None:  # one slice, no index
+        _grid(target, p)[:, : p.full_from] = 0
+        return out
+    if before is None:
+        before = p.before()
+    if target is None:
+        out[torch.from_numpy(before).to(out.device)] = 0
     else:
-        out[torch.from_numpy(positions).to(out.device)] = values
+        target[before] = 0
+    return out
+
+
+def _grid(target: np.ndarray, p: Plan) -> np.ndarray:
+    """``target`` (``[n, ...]``) viewed as ``[S, W, -1]``."""
+    assert p.train_from is not None
+    S = p.train_from.size
+    return target.reshape(S, target.shape[0] // S, -1)
+
+
+def _spread(values: Tensor, p: Plan, full: np.ndarray) -> Tensor:
+    """``[n, ...]`` zeros with ``values`` at the output positions ``full``."""
+    out = values.new_empty((p.rows.size, *values.shape[1:]))
+    target, source = numpy_view(out), numpy_view(values)
+    if p.full_from is not None and target is not None and source is not None:
+        grid = _grid(target, p)  # the last columns of every row: two slice copies
+        grid[:, : p.full_from] = 0
+        grid[:, p.full_from :] = source.reshape(grid.shape[0], -1, grid.shape[2])
+        return out
+    out.zero_()
+    if target is not None and source is not None:
+        target[full] = source
+    else:
+        out[torch.from_numpy(full).to(out.device)] = values
     return out
 
 
