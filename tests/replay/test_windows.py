@@ -51,6 +51,17 @@ class Truth:
     def live(self, capacity: int) -> set[int]:
         return set(self.written[-capacity:])
 
+    def record(self, batch: TensorDict) -> None:
+        """Note the steps of a ``SyntheticStream`` chunk (labels on)."""
+        for g, e, t in zip(
+            batch["g"].reshape(-1).tolist(),
+            batch["ep"].reshape(-1).tolist(),
+            batch["t"].reshape(-1).tolist(),
+            strict=True,
+        ):
+            self.step_of[g] = (e, t)
+            self.g_of[(e, t)] = g
+
 
 def make_sampler(kind: str, **kwargs: object) -> SliceSampler:
     if kind == "prioritized":
@@ -79,14 +90,7 @@ def fill(
     for _ in range(n_chunks):
         batch = stream.chunk(chunk)
         batch["memory"] = memory_of(batch["g"])
-        for g, e, t in zip(
-            batch["g"].reshape(-1).tolist(),
-            batch["ep"].reshape(-1).tolist(),
-            batch["t"].reshape(-1).tolist(),
-            strict=True,
-        ):
-            truth.step_of[g] = (e, t)
-            truth.g_of[(e, t)] = g
+        truth.record(batch)
         if layout == "flat":
             batch = batch.reshape(-1)
         elif layout == "padded":
@@ -448,6 +452,7 @@ def test_attention_mask() -> None:
         attention_mask(valid, episode=torch.zeros(4, dtype=torch.int64))
 
 
+@pytest.mark.timeout(180)
 def test_windows_through_a_ray_buffer(ray_instance) -> None:
     """The sample path runs in the buffer's actor: right-aligned keyed windows come back
     exactly as from a local buffer with the same seed and data."""
@@ -472,13 +477,7 @@ def test_windows_through_a_ray_buffer(ray_instance) -> None:
         for _ in range(12):
             batch = stream.chunk(17)
             batch["memory"] = memory_of(batch["g"])
-            for g, e, t in zip(
-                batch["g"].reshape(-1).tolist(),
-                batch["ep"].reshape(-1).tolist(),
-                batch["t"].reshape(-1).tolist(),
-                strict=True,
-            ):
-                truth.step_of[g], truth.g_of[(e, t)] = (e, t), g
+            truth.record(batch)
             truth.written.extend(batch["g"].reshape(-1).tolist())
             local.extend(batch)
             remote.extend(batch)
@@ -553,3 +552,32 @@ def test_bad_input_is_refused_by_name_and_changes_nothing(buffer_state) -> None:
         with pytest.raises(LayoutError, match=rf"{name}: .* is not stored in the buffer"):
             rb.sample()
         assert buffer_state(rb) == before
+
+
+def test_layout_settings_are_part_of_a_saved_buffers_configuration(tmp_path) -> None:
+    """A buffer saved with a context layout loads only into one with the same; a default
+    sampler's configuration is what it was before these settings existed."""
+    assert set(SliceSampler(slice_len=2, burn_in=1).config()) == {
+        "type",
+        "num_slices",
+        "slice_len",
+        "weighting",
+        "strict_length",
+        "burn_in",
+        "end_key",
+        "traj_key",
+    }
+
+    def make(**kwargs: object) -> ReplayBuffer:
+        sampler = SliceSampler(slice_len=2, burn_in=3, seed=0, **kwargs)  # type: ignore[arg-type]
+        return ReplayBuffer(storage=LazyTensorStorage(40), sampler=sampler, batch_size=4)
+
+    rb = make(burn_in_align="right", burn_in_keys=["observation"])
+    rb.extend(SyntheticStream(2, 9.0, seed=0, labels=True).chunk(15))
+    rb.dumps(tmp_path / "saved")
+    again = make(burn_in_align="right", burn_in_keys=["observation"])
+    again.loads(tmp_path / "saved")
+    assert torch.equal(rb.sample()["index"], again.sample()["index"])
+    for other in (make(), make(burn_in_align="right"), make(burn_in_keys=["observation"])):
+        with pytest.raises(ValueError, match="sampler"):
+            other.loads(tmp_path / "saved")

@@ -452,6 +452,9 @@ class PrioritizedSliceSampler(SliceSampler):
         ``priority`` has the shape of ``rows`` or broadcasts to it (one value per slice for a
         ``[num_slices, width]`` index). Padding (-1) and rows holding no data are ignored; as
         in TorchRL, a row overwritten since it was sampled passes the priority to its new step.
+        With ``burn_in``, give the training steps' rows only (e.g. ``index.where(~burn_in,
+        -1)`` with the sample's ``("collector", "burn_in")`` flag): a burn-in step is not
+        trained on in this slice, and its priority is that of its own slices.
         """
         idx = np.asarray(rows, dtype=I64)
         prio = np.asarray(priority, dtype=np.float64)
