@@ -150,7 +150,7 @@ def check_keys(marks: SliceMarks | None, schema: Schema | None) -> None:
         return
     stored = stored_keys(schema)
     for key in marks.burn_in_keys or ():
-        if not any(leaf[: len(key)] == key for leaf in stored):
+        if not burn_in_leaves((key,), schema):
             raise LayoutError(
                 f"burn_in_keys: {fmt_key(key)} is not stored in the buffer (stored keys: "
                 f"{', '.join(fmt_key(k) for k in stored)})"
