@@ -146,7 +146,7 @@ def check_keys(marks: SliceMarks | None, schema: Schema | None) -> None:
         LayoutError: a ``burn_in_keys`` entry naming no stored key, or a ``state_keys``
             entry that is not a stored key (the message names the argument and the key).
     """
-    if marks is None or schema is None:
+    if marks is None or schema is None or not (marks.burn_in_keys or marks.state_keys):
         return
     stored = stored_keys(schema)
     for key in marks.burn_in_keys or ():
