@@ -446,20 +446,18 @@ class ReplayBuffer:
             bool(as_sequences) if as_sequences is not None else bool(marks and marks.as_sequences)
         )
         with self._lock:
+            _output.check_keys(marks, self.storage.schema)
             draw = self.sampler.draw(size)
             if shaped and draw.rows.ndim != 2:
                 raise ValueError(
                     f"as_sequences needs a slice sampler; {type(self.sampler).__name__} draws "
                     "single steps"
                 )
-            plan = _output.plan(draw, shaped=shaped, pad=bool(marks and marks.pad_output))
-            rows = torch.from_numpy(plan.rows)
-            columns = self.storage.gather(rows)
-            objects = self.storage.gather_objects(rows)
+            pad = bool(marks and marks.pad_output)
+            plan = _output.plan(draw, shaped=shaped, pad=pad, marks=marks)
+            got = _output.read(self.storage, plan, marks)
             kind = self._kind
-        data, info = _output.build(
-            columns, draw, plan, marks, shaped=shaped, objects=objects, read=rows
-        )
+        data, info = _output.build(got, draw, plan, marks, shaped=shaped)
         out = data if kind is None else from_tensordict(data, kind)
         return (out, info) if return_info else out
 

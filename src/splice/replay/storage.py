@@ -29,7 +29,7 @@ import os
 import shutil
 import tempfile
 import weakref
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -333,15 +333,20 @@ class Storage:
         for key, values in (objects or {}).items():
             self._write_objects(key, r, values)
 
-    def gather(self, rows: Tensor) -> Columns:
+    def gather(self, rows: Tensor, keys: Collection[Key] | None = None) -> Columns:
         """The given rows of every tensor key, in schema order (``rows``: int64 on the CPU,
-        values in range, rows holding data)."""
+        values in range, rows holding data); ``keys``: only these stored keys."""
         on_device = rows.to(self.device) if self.device.type != "cpu" else rows
-        plain = take_rows_of(self.columns, on_device, self._views)
+        columns = self.columns
+        if keys is not None:
+            columns = {key: column for key, column in columns.items() if key in keys}
+        plain = take_rows_of(columns, on_device, self._views)
         if not self.shared or self.schema is None:
             return plain
         out: Columns = {}
         for key in self.schema.entries:
+            if keys is not None and key not in keys:
+                continue
             pair = self.shared.get(key)
             if pair is None:
                 out[key] = plain[key]
@@ -349,12 +354,17 @@ class Storage:
                 out[key] = pair.gather(rows, self.columns[pair.obs_key])
         return out
 
-    def gather_objects(self, rows: Tensor) -> Objects:
-        """The given rows of every object key (``[len(rows)]`` object arrays)."""
+    def gather_objects(self, rows: Tensor, keys: Collection[Key] | None = None) -> Objects:
+        """The given rows of every object key (``[len(rows)]`` object arrays); ``keys``:
+        only these stored keys."""
         if not self.objects:
             return {}
         picks = rows.numpy()
-        return {key: np.take(values, picks) for key, values in self.objects.items()}
+        return {
+            key: np.take(values, picks)
+            for key, values in self.objects.items()
+            if keys is None or key in keys
+        }
 
     def column(self, key: Key) -> Tensor:
         """The whole ``[max_size, ...]`` column of tensor key ``key`` (rebuilt for a shared
@@ -827,6 +837,6 @@ class LazyMemmapStorage(Storage):
         doc = self._meta_doc(self._commit, self._seq)
         self._install_meta(doc, stage_json(self._meta_path, doc))
 
-    def gather(self, rows: Tensor) -> Columns:
+    def gather(self, rows: Tensor, keys: Collection[Key] | None = None) -> Columns:
         self._check_usable()
-        return super().gather(rows)
+        return super().gather(rows, keys)

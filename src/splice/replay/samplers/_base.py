@@ -27,18 +27,22 @@ class Draw:
 
     Attributes:
         rows: ``[B]`` storage rows (single steps), or ``[S, W]`` for slices: row ``i`` holds
-            ``length[i]`` consecutive steps of one trajectory, oldest first, then ``-1``.
+            ``length[i]`` consecutive steps of one trajectory, oldest first, from column
+            ``start[i]`` on, and ``-1`` in its other columns.
         length: ``[S]`` real steps of each slice, burn-in included (slices only; default:
             every row's steps up to its first ``-1``).
         burn: ``[S]`` burn-in steps at the start of each slice (slices only; default 0).
         weight: importance weights, ``[B]`` per step or ``[S]`` per slice (prioritised
             samplers only).
+        start: ``[S]`` column of each slice's first step (slices only; default 0: every
+            slice left-aligned).
     """
 
     rows: np.ndarray
     length: np.ndarray | None = None
     burn: np.ndarray | None = None
     weight: np.ndarray | None = None
+    start: np.ndarray | None = None
 
 
 @dataclass(frozen=True)
@@ -53,6 +57,8 @@ class SliceMarks:
         as_sequences: return ``[num_slices, width]`` instead of a flat sample.
         burn_in: the largest burn-in (``("collector", "burn_in")`` marks it when > 0).
         state_keys: keys returned at every slice's first step in ``info["initial_state"]``.
+        burn_in_keys: the only keys read at burn-in steps (the others are zero there);
+            None: every key.
     """
 
     truncated_key: Key | None = TRUNCATED
@@ -61,6 +67,7 @@ class SliceMarks:
     as_sequences: bool = False
     burn_in: int = 0
     state_keys: tuple[Key, ...] = ()
+    burn_in_keys: tuple[Key, ...] | None = None
 
 
 @dataclass
