@@ -56,8 +56,7 @@ if TYPE_CHECKING:
     from torch import Tensor
 
     from splice.replay._boundaries import Boundaries
-    from splice.replay._structures import DenseSet
-    from splice.replay.samplers.without_replacement import EpochState
+    from splice.replay._structures import DenseSet, EpochState
 
 __all__ = [
     "MAX_POSITION",
