@@ -509,6 +509,7 @@ def bench_extend_phases(capacity: int, chunks: list[TensorDict]) -> list[list[ob
     copies), "index" (``ReplayIndex.write_plan``), "sampler" (``on_write``), and the rest
     ("bookkeeping": commit state, returned rows, lock). The raw numpy copy of the same
     batches, per batch, is measured in the same run."""
+    from splice.replay import _write as write_module
     from splice.replay import buffer as buffer_module
     from splice.replay.index import ReplayIndex
 
@@ -516,8 +517,8 @@ def bench_extend_phases(capacity: int, chunks: list[TensorDict]) -> list[list[ob
     spent: dict[str, int] = {}
     patches = [
         (buffer_module.ReplayBuffer, "extend", "total"),
-        (buffer_module.ReplayBuffer, "_stage", "outside the lock"),
-        (buffer_module, "_layout", "keys + plan"),
+        (write_module.Writer, "prepare", "outside the lock"),
+        (write_module, "place", "keys + plan"),
         (LazyTensorStorage, "write", "copy"),
         (ReplayIndex, "write_plan", "index"),
         (SliceSampler, "on_write", "sampler"),

@@ -1,11 +1,11 @@
-"""The sampler contract — the hooks a sampler implements — and the uniform ``RandomSampler``."""
+"""The sampler contract: the hooks a sampler implements, and what a draw returns."""
 
 from __future__ import annotations
 
 import copy
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar, TypeVar
+from typing import ClassVar, TypeVar
 
 import numpy as np
 import torch
@@ -18,7 +18,7 @@ from splice.replay._state import flatten, from_tensors, to_tensors, unflatten
 from splice.replay._structures import I64
 from splice.replay.index import ReplayIndex, WriteReport
 
-__all__ = ["Draw", "RandomSampler", "Sampler", "SamplerState", "SliceMarks", "make_generator"]
+__all__ = ["Draw", "Sampler", "SamplerState", "SliceMarks", "make_generator"]
 
 
 @dataclass(frozen=True)
@@ -339,52 +339,3 @@ class Sampler:
         state = unflatten(self.state_type, from_tensors(state_dict))
         self.check_restore(self.index, state)
         self.restore(state)
-
-
-class RandomSampler(Sampler):
-    """Uniform sampling of single steps, with replacement, in O(batch).
-
-    Args:
-        replacement: ``False`` gives a :class:`SamplerWithoutReplacement` (with the other
-            keyword arguments), as in TorchRL.
-        generator: the random generator to draw from.
-        seed: seed of a fresh generator (exclusive with ``generator``).
-
-    Examples:
-        >>> import torch
-        >>> from tensordict import TensorDict
-        >>> from splice.replay import LazyTensorStorage, RandomSampler, ReplayBuffer
-        >>> rb = ReplayBuffer(
-        ...     storage=LazyTensorStorage(100), sampler=RandomSampler(seed=0), batch_size=4
-        ... )
-        >>> _ = rb.extend(TensorDict({"observation": torch.arange(10.0)}, batch_size=[10]))
-        >>> sample = rb.sample()
-        >>> sample.batch_size, bool((sample["observation"] == sample["index"]).all())
-        (torch.Size([4]), True)
-    """
-
-    def __new__(cls, *args: Any, replacement: bool = True, **kwargs: Any) -> Any:
-        if replacement is False and cls is RandomSampler:
-            # TorchRL's dispatch: RandomSampler(replacement=False) is a
-            # SamplerWithoutReplacement (imported here: that module builds on this one).
-            from splice.replay.samplers.without_replacement import SamplerWithoutReplacement
-
-            return SamplerWithoutReplacement(*args, **kwargs)
-        return super().__new__(cls)
-
-    def __init__(
-        self,
-        *,
-        replacement: bool = True,
-        generator: torch.Generator | None = None,
-        seed: int | None = None,
-    ) -> None:
-        super().__init__(generator=generator, seed=seed)
-
-    def draw(self, batch_size: int) -> Draw:
-        index = self.index
-        n = len(index)
-        if n == 0:
-            raise self.empty_error()
-        pos = index.lo + self.randint(n, batch_size)
-        return Draw(rows=pos % index.capacity)

@@ -11,7 +11,8 @@ import numpy as np
 import torch
 
 from splice._args import positive_int
-from splice.replay._structures import I64, SumTree, SumTreeState, as_i64, last_of_each
+from splice.replay._structures import I64, as_i64
+from splice.replay._sumtree import SumTree, SumTreeState, last_of_each
 from splice.replay._validate import check_weights, float_array, int_array, weight_limit
 from splice.replay.index import ReplayIndex, WriteReport
 from splice.replay.samplers._base import Draw, Sampler, SamplerState, expect_state

@@ -21,7 +21,7 @@ from tensordict.utils import NestedKey
 
 from splice._args import non_negative_int, positive_int
 from splice.layout import IS_INIT, TRUNCATED, Key, as_key_tuple
-from splice.replay._structures import EMPTY, I64, DenseSet, DenseSetState
+from splice.replay._structures import EMPTY, I64, DenseSet, DenseSetState, Epoch, EpochState
 from splice.replay._validate import check_epoch, check_members, int_in
 from splice.replay.index import WriteReport
 from splice.replay.samplers._base import (
@@ -32,7 +32,6 @@ from splice.replay.samplers._base import (
     expect_state,
     key_or_none,
 )
-from splice.replay.samplers.without_replacement import Epoch, EpochState
 
 __all__ = [
     "SliceSampler",
