@@ -1,0 +1,175 @@
+"""The policy of agent slots: the user's policy (or one per agent group) run on the rows of
+the agents that act, the other rows' recurrent state held.
+
+Examples:
+    >>> import torch
+    >>> from tensordict import TensorDict
+    >>> def double(td):
+    ...     td["action"] = td["observation"] * 2
+    ...     return td
+    >>> policy = AgentSlotsPolicy.for_agents(double, ["a_0", "a_1"], ["a"], np.zeros(2, np.int64))
+    >>> td = TensorDict(
+    ...     {"observation": torch.tensor([1, 2, 3]), "agent": {"id": torch.tensor([0, -1, 1])}},
+    ...     batch_size=[3],
+    ... )
+    >>> policy(td)["action"]  # row 1 acts for no agent: not computed
+    tensor([2, 0, 6])
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from tensordict import TensorDictBase
+
+from splice.layout import NEXT, as_key_tuple
+from splice.policies import ModulePolicy, PolicyError, as_policy
+
+__all__ = ["AgentSlotsPolicy", "PolicyMap"]
+
+Key = tuple[str, ...]
+_AGENT_ID = ("agent", "id")
+
+
+class PolicyMap(torch.nn.Module):
+    """One policy per agent group (or per agent), for a collector over PettingZoo envs.
+
+    Each agent runs the entry named after it, else the entry of its group
+    (:attr:`~splice.envs.pettingzoo.AgentSlotsAdapter.group_names`); the collector refuses a
+    map that leaves an agent without one. Entries take what ``policy=`` takes
+    (:func:`splice.policies.as_policy`), and all must write the same keys with the same
+    shapes (the agents' steps share one batch). It is an ``nn.Module`` holding the entries'
+    modules, so weights reach worker processes as for one policy.
+
+    Args:
+        policies: ``{group or agent name: policy}``.
+
+    Raises:
+        ValueError: an empty map.
+        TypeError: a name that is not a str, or an entry ``as_policy`` refuses.
+
+    Examples:
+        >>> import torch
+        >>> pm = PolicyMap({"adversary": torch.nn.Linear(8, 5), "agent": torch.nn.Linear(8, 5)})
+        >>> sorted(pm.policies), sum(p.numel() for p in pm.parameters())
+        (['adversary', 'agent'], 90)
+    """
+
+    def __init__(self, policies: Mapping[str, Any]) -> None:
+        super().__init__()
+        if not isinstance(policies, Mapping) or not policies:
+            raise ValueError("PolicyMap needs a non-empty mapping {group or agent name: policy}")
+        self.policies: dict[str, Any] = {}
+        modules = {}
+        for name, policy in policies.items():
+            if not isinstance(name, str):
+                raise TypeError(f"PolicyMap names must be str, got {name!r}")
+            wrapped = as_policy(policy)
+            if wrapped is None:
+                raise TypeError(f"PolicyMap entry {name!r} is None; give every entry a policy")
+            self.policies[name] = wrapped
+            module = wrapped.module if isinstance(wrapped, ModulePolicy) else wrapped
+            if isinstance(module, torch.nn.Module):
+                modules[name.replace(".", "_")] = module
+        self.entries = torch.nn.ModuleDict(modules)
+
+    def forward(self, td: TensorDictBase) -> TensorDictBase:
+        raise RuntimeError(
+            "a PolicyMap runs inside a collector over PettingZoo envs, which picks each "
+            "agent's entry; call an entry of .policies directly"
+        )
+
+
+class AgentSlotsPolicy:
+    """Runs each acting row (``("agent", "id") >= 0``) through its agent's policy; rows with
+    no acting agent are not computed: their outputs are zero and their recurrent state
+    (``("next", key)``) is the state they entered with, so an agent's state is carried over
+    the steps in which it does not act (another agent's turn).
+
+    Build it with :meth:`for_agents`. Rows that share a policy are run in one call.
+    """
+
+    def __init__(self, policies: list[Any], policy_of_agent: np.ndarray) -> None:
+        self.policies = policies
+        self._of_agent = torch.from_numpy(np.append(policy_of_agent, -1))  # id -1: no agent
+        self._keys: set[Key] | None = None  # the outputs, once seen
+
+    @classmethod
+    def for_agents(
+        cls,
+        policy: Any,
+        agents: Sequence[Any],
+        groups: Sequence[str],
+        agent_group: np.ndarray,
+    ) -> AgentSlotsPolicy:
+        """The policy of each agent: ``policy`` for all, or a :class:`PolicyMap`'s entries.
+
+        Raises:
+            ValueError: the map has no entry for an agent (by its name or its group's).
+        """
+        if not isinstance(policy, PolicyMap):
+            return cls([policy], np.zeros(len(agents), np.int64))
+        names = list(policy.policies)
+        of_agent = np.empty(len(agents), np.int64)
+        for i, agent in enumerate(agents):
+            group = groups[agent_group[i]]
+            name = str(agent) if str(agent) in policy.policies else group
+            if name not in policy.policies:
+                raise ValueError(
+                    f"the PolicyMap has no policy for agent {agent!r} (group {group!r}); its "
+                    f"entries: {names}. Name each group (or agent) of the env: {list(groups)}"
+                )
+            of_agent[i] = names.index(name)
+        return cls([policy.policies[n] for n in names], of_agent)
+
+    def __call__(self, td: TensorDictBase) -> TensorDictBase:
+        ids = td.get(_AGENT_ID).reshape(-1)
+        which = self._of_agent[ids.cpu()]  # policy index per row, -1: no agent acting
+        if len(self.policies) == 1 and bool((which == 0).all()):
+            return self.policies[0](td)  # every row acts: nothing to gather
+        # The step's inputs (the step TensorDict also holds the last call's outputs).
+        inputs = {as_key_tuple(key) for key in td.keys(True, True)} - (self._keys or set())
+        view = td.select(*inputs)
+        merged: dict[Key, torch.Tensor] = {}
+        seen: list[tuple[int, set[Key]]] = []
+        b = ids.shape[0]
+        for k, policy in enumerate(self.policies):
+            rows = (which == k).nonzero().squeeze(1).to(ids.device)
+            if not rows.numel() and (seen or k < len(self.policies) - 1):
+                continue  # (an empty call only if no row acts at all: to learn the outputs)
+            out = policy(view[rows])
+            produced = {as_key_tuple(k) for k in out.keys(True, True)} - inputs
+            seen.append((k, produced))
+            for key in produced:
+                value = out.get(key)
+                if not isinstance(value, torch.Tensor):
+                    continue
+                full = merged.get(key)
+                if full is None:
+                    held = key[0] == NEXT and key[1:] in inputs
+                    shape = (b, *value.shape[1:])
+                    full = (
+                        td.get(key[1:]).clone()
+                        if held
+                        else torch.zeros(shape, dtype=value.dtype, device=value.device)
+                    )
+                    merged[key] = full
+                full[rows] = value
+        self._check_outputs(seen)
+        for key, value in merged.items():
+            td.set(key, value)
+        return td
+
+    def _check_outputs(self, seen: list[tuple[int, set[Key]]]) -> None:
+        for k, produced in seen:
+            if self._keys is None:
+                self._keys = produced
+            elif produced != self._keys:
+                raise PolicyError(
+                    f"the policies of a PolicyMap write different keys: policy {k} wrote "
+                    f"{sorted(produced)}, another {sorted(self._keys)}; the agents' steps share "
+                    "one batch, so every policy must write the same keys"
+                )
