@@ -27,6 +27,7 @@ Examples:
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -37,14 +38,28 @@ from pettingzoo import AECEnv, ParallelEnv
 from tensordict import TensorDictBase
 
 from splice.collectors.ids import worker_of
-from splice.layout import ACTION, NEXT, NEXT_OBSERVATION, OBSERVATION, REWARD, TERMINATED, TRUNCATED
+from splice.layout import (
+    ACTION,
+    IS_INIT,
+    MASK,
+    NEXT,
+    NEXT_OBSERVATION,
+    OBSERVATION,
+    REWARD,
+    TERMINATED,
+    TRAJ_IDS,
+    TRUNCATED,
+)
 
 __all__ = [
+    "Collected",
     "Schedule",
     "ScheduledAECEnv",
     "ScheduledParallelEnv",
     "Transition",
+    "assert_agent_streams",
     "collected_transitions",
+    "count_policy",
     "ground_truth",
 ]
 
@@ -56,9 +71,8 @@ _ACT = spaces.Discrete(3)
 
 @dataclass(frozen=True)
 class Transition:
-    """One agent step: where it comes from, and what it holds."""
+    """One agent step: its env (tag) and agent, and what it holds."""
 
-    worker: int
     tag: int
     agent: int
     count: int  # the entering observation's count: the agent's step number in its env
@@ -296,23 +310,43 @@ def ground_truth(env: Any, steps: int, policy: Policy = count_policy) -> list[Tr
 def _transition(
     entering: np.ndarray, action: int, reward: float, nxt: np.ndarray, term: bool, trunc: bool
 ) -> Transition:
-    return Transition(0, int(entering[0]), int(entering[1]), int(entering[2]), int(action),
-                      round(float(reward), 4), int(nxt[2]), bool(term), bool(trunc))  # fmt: skip
+    return Transition(
+        tag=int(entering[0]),
+        agent=int(entering[1]),
+        count=int(entering[2]),
+        action=int(action),
+        reward=round(float(reward), 4),
+        next_count=int(nxt[2]),
+        terminated=bool(term),
+        truncated=bool(trunc),
+    )
 
 
-def collected_transitions(batches: Sequence[TensorDictBase]) -> list[Transition]:
-    """The agent transitions in collector batches of scheduled envs (any layout with the
-    data contract's keys: ``[S, T]`` batches, split or whole episodes), in batch order,
-    each with the id space (worker) of its trajectory id; also checks that each
-    trajectory holds one agent's consecutive steps (counts ``k, k + 1, ...``), under the
-    agent id stored with them.
-    """
-    out: list[Transition] = []
-    for batch in batches:
+@dataclass(frozen=True)
+class Collected:
+    """A transition found in a collector's output, with where it was found."""
+
+    worker: int  # the id space of its trajectory id
+    batch: int  # the index of the batch that held it
+    row: int  # its row in that batch (-1 for layouts without slot rows)
+    traj: int  # its trajectory id
+    init: bool  # its is_init flag
+    step: Transition
+
+
+def collected_transitions(batches: Sequence[TensorDictBase]) -> list[Collected]:
+    """The agent transitions in collector batches of scheduled envs (``[S, T]`` slot rows,
+    or any layout with the data contract's keys: split or whole episodes, padded or not), in
+    batch order, row by row. Checks on the way that the stored agent id is the
+    observation's agent."""
+    out: list[Collected] = []
+    for b, batch in enumerate(batches):
+        rows = batch.ndim == 2 and MASK not in batch.keys(True)
         flat = batch.reshape(-1)
-        if ("collector", "mask") in flat.keys(True):
-            flat = flat[flat["collector", "mask"]]
-        ids = flat["collector", "traj_ids"].numpy()
+        if MASK in flat.keys(True):
+            flat = flat[flat[MASK]]
+        row = np.repeat(np.arange(batch.shape[0]), batch.shape[1]) if rows else None
+        ids = flat[TRAJ_IDS].numpy()
         obs, nxt = flat[OBSERVATION].numpy(), flat[NEXT_OBSERVATION].numpy()
         agent_id = flat["agent", "id"].numpy()
         assert (agent_id == obs[:, 1]).all(), "a step stored under another agent's id"
@@ -321,13 +355,99 @@ def collected_transitions(batches: Sequence[TensorDictBase]) -> list[Transition]
         reward = flat[REWARD].numpy().reshape(-1)
         term = flat[TERMINATED].numpy().reshape(-1)
         trunc = flat[TRUNCATED].numpy().reshape(-1)
-        for traj in np.unique(ids):
-            rows = np.flatnonzero(ids == traj)
-            counts = obs[rows, 2]
-            assert len(np.unique(obs[rows, 1])) == 1, f"trajectory {traj} mixes agents"
-            np.testing.assert_array_equal(counts, counts[0] + np.arange(rows.size))
+        init = flat[IS_INIT].numpy().reshape(-1)
         for i in range(len(flat)):
-            out.append(Transition(int(worker_of(ids[i])), int(obs[i, 0]), int(obs[i, 1]),
-                                  int(obs[i, 2]), int(action[i]), round(float(reward[i]), 4),
-                                  int(nxt[i, 2]), bool(term[i]), bool(trunc[i])))  # fmt: skip
+            step = _transition(obs[i], action[i], reward[i], nxt[i], term[i], trunc[i])
+            r = -1 if row is None else int(row[i])
+            out.append(Collected(int(worker_of(ids[i])), b, r, int(ids[i]), bool(init[i]), step))
     return out
+
+
+def assert_agent_streams(
+    batches: Sequence[TensorDictBase],
+    make_envs: Callable[[], list[Any]],
+    policy: Policy = count_policy,
+    complete: bool = False,
+) -> int:
+    """Check collector output over scheduled envs against :func:`ground_truth` runs of fresh
+    ``make_envs()`` copies (what each worker made):
+
+    * every trajectory id holds the consecutive steps of one agent life, in order across
+      batches, from the life's first step (``is_init`` there and only there), each step equal
+      to the ground truth in every field (action, reward, next observation, end flags);
+      distinct lives have distinct ids; no step is found twice;
+    * ``[S, T]`` batches: each row continues across batches, and a trajectory is followed in
+      its row only after its last step (the env's flag), so no step of a row is lost; at
+      most one life per row is still open at the end;
+    * with ``complete``, every trajectory is a whole life.
+
+    Rows advance on their own, so an agent's later life may be delivered before an earlier
+    one that lies in a slower row. Returns the number of transitions checked.
+
+    Examples:
+        >>> from splice import Collector
+        >>> def make():
+        ...     return [ScheduledAECEnv({"a_0": [(0, None, "term")], "a_1": [(1, 3, "term")]},
+        ...                             4, tag=0)]
+        >>> def policy(td):
+        ...     obs = td["observation"]
+        ...     return td.set("action", ((obs[:, 2] + obs[:, 1]) % 3).long())
+        >>> with Collector(make(), policy, frames_per_batch=20, total_frames=40) as c:
+        ...     batches = list(c)
+        >>> assert_agent_streams(batches, make)
+        40
+    """
+    found = collected_transitions(batches)
+    longest: dict[tuple[int, int], int] = {}
+    for item in found:
+        key = (item.step.tag, item.step.agent)
+        longest[key] = max(longest.get(key, 0), item.step.next_count)
+    truth: dict[tuple[int, int, int], Transition] = {}
+    for env in make_envs():
+        # Enough env steps (or turns) for every agent to reach its last collected count.
+        most = max((n for (tag, _), n in longest.items() if tag == env.tag), default=0)
+        steps = (most + 2) * (len(env.possible_agents) + 1) * (env.lives.length + 1)
+        for t in ground_truth(env, steps, policy):
+            truth[(t.tag, t.agent, t.count)] = t
+    seen: set[tuple[int, int, int, int]] = set()
+    lives: dict[int, list[Collected]] = {}
+    for item in found:
+        key = (item.worker, item.step.tag, item.step.agent, item.step.count)
+        assert key not in seen, f"step {key} (worker, tag, agent, count) found twice"
+        seen.add(key)
+        expected = truth.get(key[1:])
+        assert item.step == expected, f"{item.step} != ground truth {expected}"
+        lives.setdefault(item.traj, []).append(item)
+    for traj, items in lives.items():
+        first = items[0].step
+        counts = [item.step.count for item in items]
+        assert counts == list(range(first.count, first.count + len(items))), (
+            f"trajectory {traj}: steps {counts} (agent {first.agent}, env {first.tag})"
+        )
+        assert len({(item.worker, item.step.tag, item.step.agent) for item in items}) == 1
+        assert [item.batch for item in items] == sorted(item.batch for item in items)
+        before = truth.get((first.tag, first.agent, first.count - 1))
+        starts = before is None or before.terminated or before.truncated
+        assert starts, f"trajectory {traj} starts inside a life (count {first.count})"
+        assert [item.init for item in items] == [True] + [False] * (len(items) - 1), (
+            f"trajectory {traj}: is_init {[item.init for item in items]}"
+        )
+        for item in items[:-1]:
+            assert not (item.step.terminated or item.step.truncated), f"{traj} ends early"
+        if complete:
+            assert items[-1].step.terminated or items[-1].step.truncated, f"{traj} ends open"
+    streams: dict[int, list[Collected]] = {}
+    for item in found:
+        if item.row >= 0:
+            streams.setdefault(item.row, []).append(item)
+    for row, items in streams.items():
+        open_lives = 0
+        for prev, item in itertools.pairwise(items):
+            if item.traj != prev.traj:
+                assert prev.step.terminated or prev.step.truncated, (
+                    f"row {row}: trajectory {prev.traj} is followed by {item.traj} before it ended"
+                )
+        last = items[-1].step
+        open_lives += not (last.terminated or last.truncated)
+        assert open_lives <= 1
+    return len(found)

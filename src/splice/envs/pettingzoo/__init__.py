@@ -101,8 +101,9 @@ def is_pettingzoo(env: Any) -> bool:
     :class:`PettingZooEnvs`.
 
     Examples:
-        >>> from pettingzoo.classic import rps_v2
-        >>> is_pettingzoo(rps_v2.env()), is_pettingzoo([rps_v2.parallel_env()]), is_pettingzoo(3)
+        >>> import pettingzoo
+        >>> rps = pettingzoo.make("aec", "classic/rps-v2")
+        >>> is_pettingzoo(rps), is_pettingzoo([rps]), is_pettingzoo(3)
         (True, True, False)
     """
     if isinstance(env, PettingZooEnvs):
@@ -124,8 +125,9 @@ def make_agents_adapter(env: Any) -> AgentSlotsAdapter:
         ValueError: copies with different agents, or agents with different spaces.
 
     Examples:
-        >>> from pettingzoo.classic import rps_v2
-        >>> type(make_agents_adapter([rps_v2.env(), rps_v2.env()])).__name__
+        >>> import pettingzoo
+        >>> copies = [pettingzoo.make("aec", "classic/rps-v2") for _ in range(2)]
+        >>> type(make_agents_adapter(copies)).__name__
         'AECAgentsAdapter'
     """
     groups = max_agents = None

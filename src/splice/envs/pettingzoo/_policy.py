@@ -128,8 +128,13 @@ class AgentSlotsPolicy:
     def __call__(self, td: TensorDictBase) -> TensorDictBase:
         ids = td.get(_AGENT_ID).reshape(-1)
         which = self._of_agent[ids.cpu()]  # policy index per row, -1: no agent acting
-        if len(self.policies) == 1 and bool((which == 0).all()):
-            return self.policies[0](td)  # every row acts: nothing to gather
+        if len(self.policies) == 1 and bool((which == 0).all()):  # nothing to gather
+            if self._keys is not None:
+                return self.policies[0](td)
+            before = {as_key_tuple(key) for key in td.keys(True, True)}
+            out = self.policies[0](td)
+            self._keys = {as_key_tuple(key) for key in out.keys(True, True)} - before
+            return out
         # The step's inputs (the step TensorDict also holds the last call's outputs).
         inputs = {as_key_tuple(key) for key in td.keys(True, True)} - (self._keys or set())
         view = td.select(*inputs)

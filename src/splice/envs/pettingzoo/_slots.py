@@ -46,9 +46,9 @@ def default_group(agent: str) -> str:
 
 class PettingZooEnvs:
     """``num_envs`` copies of a PettingZoo env (parallel or AEC API) as one collector env;
-    pass it wherever a collector takes an env. It is picklable when ``make_env`` is
-    (cloudpickle), so it travels to worker processes and Ray actors, each of which makes its
-    own copies.
+    pass it wherever a collector takes an env or an env factory. It is picklable when
+    ``make_env`` is (cloudpickle), so it travels to worker processes and Ray actors, each of
+    which makes its own copies.
 
     Args:
         make_env: a zero-argument callable returning a PettingZoo ``ParallelEnv`` or
@@ -64,8 +64,8 @@ class PettingZooEnvs:
         ValueError: ``num_envs < 1``.
 
     Examples:
-        >>> from pettingzoo.classic import tictactoe_v3
-        >>> envs = PettingZooEnvs(tictactoe_v3.env, num_envs=2)
+        >>> import pettingzoo
+        >>> envs = PettingZooEnvs(lambda: pettingzoo.make("aec", "classic/tictactoe-v3"), 2)
         >>> [type(env).__name__ for env in envs.make()]
         ['OrderEnforcingWrapper', 'OrderEnforcingWrapper']
     """
@@ -98,6 +98,11 @@ class PettingZooEnvs:
     def make(self) -> list[Any]:
         """Make the copies."""
         return [self.make_env() for _ in range(self.num_envs)]
+
+    def __call__(self) -> PettingZooEnvs:
+        """Itself: it is also an env factory (``create_env_fn`` of the multi-worker
+        collectors), each worker making its own copies."""
+        return self
 
 
 def _groups_of(
@@ -375,12 +380,12 @@ class AgentSlotsAdapter(EnvAdapter):
                 waiting for its turn, or unknown), or an acting agent left out.
 
         Examples:
-            >>> from pettingzoo.classic import tictactoe_v3
+            >>> import pettingzoo
             >>> from splice.envs import make_adapter
-            >>> adapter = make_adapter(tictactoe_v3.env())
+            >>> adapter = make_adapter(pettingzoo.make("aec", "classic/tictactoe-v3"))
             >>> adapter.reset(seed=0)
             >>> adapter.slot_actions({"player_1": 4})
-            array([4, 0, 0, 0])
+            array([4, 0])
             >>> adapter.slot_actions({"player_2": 4})  # doctest: +ELLIPSIS
             Traceback (most recent call last):
             ...

@@ -9,9 +9,9 @@ it is selected dead, or when its env copy is reset): the adapter reports such st
 holding one. The columns in which an agent waits are dead steps of its slot.
 
 Examples:
-    >>> from pettingzoo.classic import tictactoe_v3
+    >>> import pettingzoo
     >>> from splice.envs import make_adapter
-    >>> adapter = make_adapter(tictactoe_v3.env())
+    >>> adapter = make_adapter(pettingzoo.make("aec", "classic/tictactoe-v3"))
     >>> type(adapter).__name__, adapter.num_envs, adapter.group_names
     ('AECAgentsAdapter', 2, ['player'])
     >>> adapter.close()
