@@ -275,7 +275,7 @@ class EnvAdapter(ABC):
             reward=np.empty((capacity, b), np.float32),
             terminated=np.zeros((capacity, b), np.bool_),
             truncated=np.zeros((capacity, b), np.bool_),
-            next_info=[column(leaf) for leaf in self.infos.leaves],
+            next_info=[column(leaf) for leaf in self.info_leaves],
         )
 
     def bind(self, staging: StepTargets) -> None:
