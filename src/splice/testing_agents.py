@@ -400,8 +400,8 @@ def assert_agent_streams(
     found = collected_transitions(batches)
     longest: dict[tuple[int, int], int] = {}
     for item in found:
-        key = (item.step.tag, item.step.agent)
-        longest[key] = max(longest.get(key, 0), item.step.next_count)
+        pair = (item.step.tag, item.step.agent)
+        longest[pair] = max(longest.get(pair, 0), item.step.next_count)
     truth: dict[tuple[int, int, int], Transition] = {}
     for env in make_envs():
         # Enough env steps (or turns) for every agent to reach its last collected count.
@@ -412,10 +412,10 @@ def assert_agent_streams(
     seen: set[tuple[int, int, int, int]] = set()
     lives: dict[int, list[Collected]] = {}
     for item in found:
-        key = (item.worker, item.step.tag, item.step.agent, item.step.count)
-        assert key not in seen, f"step {key} (worker, tag, agent, count) found twice"
-        seen.add(key)
-        expected = truth.get(key[1:])
+        where = (item.step.tag, item.step.agent, item.step.count)
+        assert (item.worker, *where) not in seen, f"step {where} of {item.worker} found twice"
+        seen.add((item.worker, *where))
+        expected = truth.get(where)
         assert item.step == expected, f"{item.step} != ground truth {expected}"
         lives.setdefault(item.traj, []).append(item)
     for traj, items in lives.items():
