@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from tensordict import TensorDictBase
+from tensordict import TensorDict, TensorDictBase
 
 from splice.layout import NEXT, as_key_tuple
 from splice.policies import ModulePolicy, PolicyError, as_policy
@@ -94,8 +94,11 @@ class AgentSlotsPolicy:
 
     def __init__(self, policies: list[Any], policy_of_agent: np.ndarray) -> None:
         self.policies = policies
-        self._of_agent = torch.from_numpy(np.append(policy_of_agent, -1))  # id -1: no agent
-        self._keys: set[Key] | None = None  # the outputs, once seen
+        self._of_agent = np.append(policy_of_agent, -1)  # agent id -1: no agent acting
+        self._keys: list[Key] | None = None  # the outputs, once seen
+        self._inputs: tuple[Any, list[tuple[Key, torch.Tensor]]] | None = None
+        self._checked: set[int] = set()  # the policies whose output keys were checked
+        self._buffers: dict[Key, torch.Tensor] = {}
 
     @classmethod
     def for_agents(
@@ -126,55 +129,86 @@ class AgentSlotsPolicy:
         return cls([policy.policies[n] for n in names], of_agent)
 
     def __call__(self, td: TensorDictBase) -> TensorDictBase:
-        ids = td.get(_AGENT_ID).reshape(-1)
-        which = self._of_agent[ids.cpu()]  # policy index per row, -1: no agent acting
-        if len(self.policies) == 1 and bool((which == 0).all()):  # nothing to gather
+        which = self._of_agent[td.get(_AGENT_ID).cpu().numpy().reshape(-1)]
+        if len(self.policies) == 1 and not (which < 0).any():  # nothing to gather
             if self._keys is not None:
                 return self.policies[0](td)
             before = {as_key_tuple(key) for key in td.keys(True, True)}
             out = self.policies[0](td)
-            self._keys = {as_key_tuple(key) for key in out.keys(True, True)} - before
+            self._keys = sorted({as_key_tuple(k) for k in out.keys(True, True)} - before)
             return out
-        # The step's inputs (the step TensorDict also holds the last call's outputs).
-        inputs = {as_key_tuple(key) for key in td.keys(True, True)} - (self._keys or set())
-        view = td.select(*inputs)
-        merged: dict[Key, torch.Tensor] = {}
-        seen: list[tuple[int, set[Key]]] = []
-        b = ids.shape[0]
+        inputs = self._input_leaves(td)
+        keys = {key for key, _ in inputs}
+        ran = False
         for k, policy in enumerate(self.policies):
-            rows = (which == k).nonzero().squeeze(1).to(ids.device)
-            if not rows.numel() and (seen or k < len(self.policies) - 1):
+            rows = np.flatnonzero(which == k)
+            if not rows.size and (ran or k < len(self.policies) - 1):
                 continue  # (an empty call only if no row acts at all: to learn the outputs)
-            out = policy(view[rows])
-            produced = {as_key_tuple(k) for k in out.keys(True, True)} - inputs
-            seen.append((k, produced))
-            for key in produced:
-                value = out.get(key)
-                if not isinstance(value, torch.Tensor):
-                    continue
-                full = merged.get(key)
-                if full is None:
-                    held = key[0] == NEXT and key[1:] in inputs
-                    shape = (b, *value.shape[1:])
-                    full = (
-                        td.get(key[1:]).clone()
-                        if held
-                        else torch.zeros(shape, dtype=value.dtype, device=value.device)
+            ran = True
+            at = torch.from_numpy(rows).to(td.device) if td.device else torch.from_numpy(rows)
+            out = policy(_rows_of(inputs, at))
+            if k not in self._checked:  # the keys a policy writes: checked at its first call
+                produced = sorted({as_key_tuple(key) for key in out.keys(True, True)} - keys)
+                if self._keys is None:
+                    self._keys = produced
+                elif produced != self._keys:
+                    raise PolicyError(
+                        f"the policies of a PolicyMap write different keys: policy {k} wrote "
+                        f"{produced}, another {self._keys}; the agents' steps share one batch, "
+                        "so every policy must write the same keys"
                     )
-                    merged[key] = full
-                full[rows] = value
-        self._check_outputs(seen)
-        for key, value in merged.items():
-            td.set(key, value)
+                self._checked.add(k)
+            for key in self._keys or []:
+                value = out.get(key)
+                if isinstance(value, torch.Tensor):
+                    self._buffer(td, key, value)[at] = value
+        for key in self._keys or []:
+            if key in self._buffers:
+                td.set(key, self._buffers[key])
         return td
 
-    def _check_outputs(self, seen: list[tuple[int, set[Key]]]) -> None:
-        for k, produced in seen:
-            if self._keys is None:
-                self._keys = produced
-            elif produced != self._keys:
-                raise PolicyError(
-                    f"the policies of a PolicyMap write different keys: policy {k} wrote "
-                    f"{sorted(produced)}, another {sorted(self._keys)}; the agents' steps share "
-                    "one batch, so every policy must write the same keys"
-                )
+    def _input_leaves(self, td: TensorDictBase) -> list[tuple[Key, torch.Tensor]]:
+        """The step's input leaves (the step TensorDict also holds the last call's outputs).
+        The collector's step TensorDict keeps its tensors from step to step (it writes each
+        step's values into them), so they are looked up again only when its keys change
+        (the recurrent state joins after the first call) or it is another TensorDict."""
+        root = (id(td), tuple(td.keys()))
+        if self._inputs is None or self._inputs[0] != root:
+            leaves = {as_key_tuple(key) for key in td.keys(True, True)}
+            keys = sorted(leaves - set(self._keys or []))
+            values = [(key, td.get(key)) for key in keys]
+            self._inputs = (root, [(k, v) for k, v in values if isinstance(v, torch.Tensor)])
+        self._prepared: set[Key] = set()
+        return self._inputs[1]
+
+    def _buffer(self, td: TensorDictBase, key: Key, value: torch.Tensor) -> torch.Tensor:
+        """The whole-batch output of ``key`` for this call: zeros, or for a recurrent state
+        (``("next", k)`` with ``k`` an input) the state each row entered with."""
+        buf = self._buffers.get(key)
+        if key in self._prepared:
+            assert buf is not None
+            return buf
+        self._prepared.add(key)
+        b = td.batch_size[0]
+        if buf is None or buf.shape[1:] != value.shape[1:] or buf.dtype != value.dtype:
+            buf = torch.zeros((b, *value.shape[1:]), dtype=value.dtype, device=value.device)
+            self._buffers[key] = buf
+        if key[0] == NEXT:
+            entering = td.get(key[1:], None)
+            if entering is None:
+                buf.zero_()
+            else:
+                buf.copy_(entering)
+        return buf
+
+
+def _rows_of(leaves: list[tuple[Key, torch.Tensor]], rows: torch.Tensor) -> TensorDictBase:
+    """The ``rows`` of the ``leaves``: one ``index_select`` per leaf, nested by key (a
+    TensorDict built in one go, without per-entry checks)."""
+    nested: dict[str, Any] = {}
+    for key, value in leaves:
+        node = nested
+        for part in key[:-1]:
+            node = node.setdefault(part, {})
+        node[key[-1]] = value.index_select(0, rows)
+    return TensorDict._new_unsafe(nested, batch_size=torch.Size([rows.numel()]))
