@@ -65,6 +65,9 @@ TASKS = [
 ]  # fmt: skip
 
 
+KEYS = ("observation", "action_mask")  # tic-tac-toe's observation
+
+
 class MLP(torch.nn.Module):
     """A 2x64 MLP shared by all agents: argmax of the logits (masked where the observation
     has an action mask)."""
@@ -108,12 +111,9 @@ class Bare:
         assert self.policy is not None
         if isinstance(observations[0], dict):
             obs = TensorDict(
-                {
-                    "observation": torch.from_numpy(np.stack([o["observation"] for o in observations])),
-                    "action_mask": torch.from_numpy(np.stack([o["action_mask"] for o in observations])),
-                },
+                {k: torch.from_numpy(np.stack([o[k] for o in observations])) for k in KEYS},
                 batch_size=[len(observations)],
-            )  # fmt: skip
+            )
         else:
             obs = torch.from_numpy(np.stack(observations))
         td = TensorDict({"observation": obs}, batch_size=[len(observations)])
