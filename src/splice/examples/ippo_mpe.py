@@ -78,9 +78,11 @@ class IPPOConfig(PPOConfig):
     seq_len: int = 25
     epochs: int = 4
     minibatches: int = 4
+    gamma: float = 0.95  # 25-step episodes
     lr: float = 1e-3
     ent_coef: float = 0.01
     reward_scale: float = 0.1
+    normalize_obs: bool = False  # (running statistics slowed learning here)
     eval_every: int = 75_000
     eval_every_episodes: int = 20
     eval_episodes: int = 50
