@@ -261,8 +261,8 @@ def main() -> None:
     for task in TASKS:
         for n in (1, 8):
             for policy_name in ("random", "mlp"):
-                frames = (2_000 if quick else 40_000) * (1 if n == 1 else 2)
-                rows.append(measure(task, n, policy_name, frames, rounds=1 if quick else 5))
+                frames = (2_000 if quick else 20_000) * (1 if n == 1 else 2)
+                rows.append(measure(task, n, policy_name, frames, rounds=1 if quick else 3))
                 print(f"  done: {task.name}, {n} envs, {policy_name}", flush=True)
     print(f"end: {load()}")
     print()
