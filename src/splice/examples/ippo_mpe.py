@@ -18,7 +18,8 @@ cores shared with other work (load 7-12) took 523 s and reached **-18.7** (the b
 checkpoint; its last weights -18.8), against **-25.5** for uniform random moves and **-14.8**
 for a hand-written heuristic (each agent heads for "its" landmark, the larger coordinate
 first) on the same seeds (:func:`reference_returns`): better than random, short of the
-heuristic, which the coordination this budget does not learn beats.
+heuristic's fixed division of the landmarks, which independent learners do not find on this
+budget.
 
 Examples:
     A (very) short run, to show the moving parts:
