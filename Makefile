@@ -10,7 +10,7 @@ STAMP := $(VENV)/.splice-installed
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[dev,bench,docs,train,envs]"
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[dev,bench,docs,train,envs,multiagent]"
 	touch $(STAMP)
 
 ## demo: the main job: train a recurrent PPO agent on velocity-masked CartPole (see README)

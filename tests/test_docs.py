@@ -27,6 +27,8 @@ PUBLIC_MODULES = [
     "splice.contract",
     "splice.testing",
     "splice.envs",
+    "splice.envs.pettingzoo",
+    "splice.testing_agents",
     "splice.policies",
     "splice.collectors",
     "splice.collectors.ids",
@@ -39,6 +41,7 @@ PUBLIC_MODULES = [
     "splice.examples.qnets",
     "splice.examples.r2d2",
     "splice.examples.ppo",
+    "splice.examples.ippo_mpe",
     "splice.cli",
 ]
 

@@ -188,7 +188,10 @@ class Collector(CollectorBase):
             b = self.adapter.num_envs
             steps = math.ceil(settings.frames_per_batch / b)
             self.ids = TrajectoryIds(worker_id)
-            loop_type = RolloutLoop if settings.trajs_per_batch is None else WholeEpisodeLoop
+            # Whole episodes stay in staging when each is one run of columns (not so for
+            # turn-based agents: other agents' turns lie inside); else an assembler builds them.
+            staged = settings.trajs_per_batch is not None and self.adapter.contiguous_episodes
+            loop_type = WholeEpisodeLoop if staged else RolloutLoop
             self._loop = loop_type(
                 self.adapter,
                 policy,
@@ -220,12 +223,14 @@ class Collector(CollectorBase):
     def _new_assembler(self) -> EpisodeSource:
         # Whole episodes stay in the loop's staging until emitted: no batch is copied out
         # and into an assembler's pool (see splice.collectors._staged_episodes).
-        assert isinstance(self._loop, WholeEpisodeLoop)
+        if not isinstance(self._loop, WholeEpisodeLoop):
+            return super()._new_assembler()
         return self._loop.episodes_store
 
     def _collect_episodes(self) -> None:
+        if not isinstance(self._loop, WholeEpisodeLoop):
+            return super()._collect_episodes()
         random_actions = self._before_collecting()
-        assert isinstance(self._loop, WholeEpisodeLoop)
         frames = self._loop.collect_episodes(random_actions=random_actions)
         self._count_collected(frames, self._loop.episodes.returns)
 

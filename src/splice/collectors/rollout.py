@@ -86,7 +86,8 @@ class RolloutLoop:
     ) -> None:
         positive_int("steps", steps)
         options = LoopOptions() if options is None else options
-        self._policy = as_policy(policy)
+        wrapped = as_policy(policy)
+        self._policy = None if wrapped is None else adapter.wrap_policy(wrapped)
         adapter.select(
             exclude_keys=[as_key_tuple(k) for k in options.exclude_keys],
             info_keys=options.info_keys,
@@ -222,10 +223,14 @@ class RolloutLoop:
             target = staging.target()
             c = staging.used
             if c >= target:
-                return
+                if not self._incomplete_in_batch():
+                    return
+                target = c + 1  # a step of the batch awaits its results: one more column
             if target > staging.capacity:
                 self.adapter.detach_obs()  # it may view a staging column that is about to move
+                base = staging.base
                 staging.make_room(target - c)
+                self.adapter.columns_moved(staging.base - base)
                 continue
             if self._bound_version != staging.version:
                 self.adapter.bind(staging.step_targets())
@@ -238,6 +243,15 @@ class RolloutLoop:
                 # Rows that lost steps need more columns (top up). Counted once the planned
                 # columns are done, rather than at every step.
                 staging.pending_dead += staging.count_dead(c, stop)
+
+    def _incomplete_in_batch(self) -> bool:
+        """Whether a step of the next batch still awaits its results (a turn-based agent's
+        step completes at its next turn: :meth:`EnvAdapter.incomplete`)."""
+        waiting = self.adapter.incomplete()
+        if waiting is None:
+            return False
+        rows = np.flatnonzero(waiting >= 0)
+        return bool(rows.size) and bool((waiting[rows] < self.staging.span().stop[rows]).any())
 
     def _run_columns(self, c: int, stop: int, use_random: bool) -> int:
         """The hot loop: steps columns ``[c, stop)``. Writes go into preallocated staging only
@@ -256,6 +270,7 @@ class RolloutLoop:
         sample, env_action = adapter.action_sampler(), adapter.env_action
         env_step = adapter.step_function()
         dead_steps = adapter.dead_steps
+        own_starts = dead_steps and not adapter.dead_step_restarts  # agent slots
         discovering = policy_step is not None and not use_random and not policy_step.discovered
         if discovering:
             stop = min(stop, c + 1)  # the first call reveals the outputs: stored below
@@ -300,7 +315,9 @@ class RolloutLoop:
                 limit.count(None if init_now is no_init else init_now)
             restarted = env_step(env_act, c)
             if dead_steps and restarted is not None:
-                dead[c] = restarted  # a dead reset step: never part of the data
+                dead[c] = restarted  # a dead step: never part of the data
+            if own_starts:
+                restarted = adapter.starting  # dead rows need not restart
             if limit is not None:
                 restarted = limit.apply(restarted, c, term_col, trunc_col)
             init_now = no_init if restarted is None else restarted
