@@ -23,7 +23,6 @@ from splice.envs.errors import EnvError, EnvWorkerError
 from splice.envs.gym_env import GymEnvAdapter
 from splice.envs.gym_vector import (
     DisabledVectorAdapter,
-    GymVectorAdapter,
     NextStepVectorAdapter,
     SameStepVectorAdapter,
     autoreset_mode_of,
@@ -37,11 +36,8 @@ __all__ = [
     "EnvError",
     "EnvLike",
     "EnvWorkerError",
-    "GymEnvAdapter",
-    "GymVectorAdapter",
     "InfoKey",
     "StepTargets",
-    "WorkerWatch",
     "make_adapter",
 ]
 
