@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from splice import Collector, MultiAsyncCollector, MultiSyncCollector
-from splice.collectors import LoopOptions, RolloutLoop
+from splice.collectors._settings import LoopOptions
+from splice.collectors.rollout import RolloutLoop
 from splice.collectors._settings import CollectorSettings
 from splice.collectors._worker import WorkerCore, WorkerSpec
 from splice.collectors.ids import TrajectoryIds

@@ -92,7 +92,7 @@ class Collector(CollectorBase):
             collectors with different ``worker_id`` never share an id. ``None`` takes the next
             space unused in this process.
         progress: show a progress bar (frames, frames/s, episodes, mean return); needs tqdm
-            (``pip install 'splice[progress]'``).
+            (``pip install 'splice-rl[progress]'``).
         track_episodes: record every finished episode in :attr:`episode_log` (implied by
             ``progress``).
         info_keys: ``info`` entries to store, and to show the policy: a list of keys (``str``,

@@ -548,7 +548,7 @@ class MultiSyncCollector(_MultiCollector):
             :mod:`splice.collectors.ids`); by default the next unused spaces of this process.
             Give distinct ones to collectors in different processes or machines.
         backend: ``"process"`` (one process per worker), ``"ray"`` (one Ray actor per
-            worker, on any node of a Ray cluster: needs ``pip install 'splice[ray]'``; see
+            worker, on any node of a Ray cluster: needs ``pip install 'splice-rl[ray]'``; see
             :doc:`/scaling_out`) or ``"inline"`` (every worker in this process, one after
             another: for debugging).
         backend_options: options for the backend (as TorchRL's ``backend_options``); the

@@ -60,7 +60,7 @@ class RolloutLoop:
 
     Examples:
         >>> import gymnasium as gym
-        >>> from splice.collectors import LoopOptions
+        >>> from splice.collectors._settings import LoopOptions
         >>> from splice.collectors.ids import TrajectoryIds
         >>> from splice.envs import make_adapter
         >>> loop = RolloutLoop(

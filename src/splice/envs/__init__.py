@@ -23,7 +23,6 @@ from splice.envs.errors import EnvError, EnvWorkerError
 from splice.envs.gym_env import GymEnvAdapter
 from splice.envs.gym_vector import (
     DisabledVectorAdapter,
-    GymVectorAdapter,
     NextStepVectorAdapter,
     SameStepVectorAdapter,
     autoreset_mode_of,
@@ -38,12 +37,9 @@ __all__ = [
     "EnvError",
     "EnvLike",
     "EnvWorkerError",
-    "GymEnvAdapter",
-    "GymVectorAdapter",
     "InfoKey",
     "PettingZooEnvs",
     "StepTargets",
-    "WorkerWatch",
     "make_adapter",
 ]
 

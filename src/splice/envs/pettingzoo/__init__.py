@@ -1,6 +1,6 @@
 """PettingZoo environments (parallel and AEC APIs): one trajectory per agent life.
 
-``pip install 'splice[multiagent]'``. Any collector takes a PettingZoo env, a list of env
+``pip install 'splice-rl[multiagent]'``. Any collector takes a PettingZoo env, a list of env
 copies, or :class:`PettingZooEnvs` (copies made from a factory; picklable, so it also goes to
 worker processes and Ray actors) in place of a gymnasium env.
 
