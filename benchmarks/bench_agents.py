@@ -42,8 +42,8 @@ from tensordict import TensorDict
 
 from benchmarks._harness import frames_per_second, load, parser, table
 from splice import Collector
-from splice.collectors.rollout import RolloutLoop
 from splice.collectors.ids import TrajectoryIds
+from splice.collectors.rollout import RolloutLoop
 from splice.envs import make_adapter
 from splice.envs.pettingzoo import PettingZooEnvs
 

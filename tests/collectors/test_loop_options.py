@@ -11,11 +11,10 @@ import pytest
 import torch
 
 from splice import Collector, MultiAsyncCollector, MultiSyncCollector
-from splice.collectors._settings import LoopOptions
-from splice.collectors.rollout import RolloutLoop
-from splice.collectors._settings import CollectorSettings
+from splice.collectors._settings import CollectorSettings, LoopOptions
 from splice.collectors._worker import WorkerCore, WorkerSpec
 from splice.collectors.ids import TrajectoryIds
+from splice.collectors.rollout import RolloutLoop
 from splice.envs import make_adapter
 from splice.envs.infos import parse_info_keys
 from splice.layout import CUT, IS_INIT, TRAJ_IDS, TRUNCATED
