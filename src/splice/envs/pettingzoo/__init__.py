@@ -75,15 +75,9 @@ from splice.envs.pettingzoo.parallel import ParallelAgentsAdapter
 __all__ = [
     "AGENT_GROUP",
     "AGENT_ID",
-    "AECAgentsAdapter",
-    "AgentSlotsAdapter",
-    "AgentSlotsPolicy",
-    "ParallelAgentsAdapter",
     "PettingZooEnvs",
     "PolicyMap",
     "default_group",
-    "is_pettingzoo",
-    "make_agents_adapter",
 ]
 
 
