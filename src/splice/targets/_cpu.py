@@ -1,0 +1,388 @@
+"""The CPU implementation of every target: numba kernels, one loop over time per row.
+
+This module is imported on the first target computed on a CPU tensor (``import splice``
+does not import numba). Each kernel is compiled for float32 or float64 on its first call
+with that dtype and cached on disk (numba's cache: a ``__pycache__`` folder next to this
+file, or, where that is not writable, numba's per-user cache directory; ``NUMBA_CACHE_DIR``
+sets another), so the compile cost is paid once per install. Where no cache location is
+writable the kernels compile in every process.
+
+Every target is a linear recurrence :math:`x_t = b_t + a_t x_{t+1}` along time. A kernel
+computes ``b`` and ``a`` in one pass (vectorisable), then :func:`_scan` runs the recurrence
+with four rows interleaved: their chains are independent, so the CPU overlaps them instead
+of waiting on each multiply-add.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import numba
+import numpy as np
+import torch
+from torch import Tensor
+
+from splice.targets._inputs import Rows
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _jit(fn: F) -> F:
+    """Compile without the GIL, multiply-adds fused (as accurate or more), cached on disk."""
+    options: dict[str, Any] = {"nogil": True, "fastmath": {"contract"}}
+    try:
+        return numba.njit(cache=True, **options)(fn)  # type: ignore[no-any-return]
+    except RuntimeError:  # pragma: no cover - no writable cache location at all
+        return numba.njit(**options)(fn)  # type: ignore[no-any-return]
+
+
+# --------------------------------------------------------------------------- kernels
+
+
+@_jit
+def _continuation(terminated, done, truncated, cut, ids, mask, cont, valid):
+    """The rule of :func:`splice.targets.continues`, row by row; an absent flag is a
+    ``[rows, 0]`` array."""
+    rows, length = terminated.shape
+    for r in range(rows):
+        c, ok, term = cont[r], valid[r], terminated[r]
+        if mask.shape[1]:
+            m = mask[r]
+            for t in range(length):
+                ok[t] = m[t]
+        else:
+            for t in range(length):
+                ok[t] = True
+        if ids.shape[1]:
+            i = ids[r]
+            for t in range(length):
+                ok[t] = ok[t] & (i[t] >= 0)
+        for t in range(length):  # c: the step stops its target
+            c[t] = term[t]
+        for flags in (done, truncated, cut):
+            if flags.shape[1]:
+                f = flags[r]
+                for t in range(length):
+                    c[t] = c[t] | f[t]
+        for t in range(length - 1):
+            c[t] = ok[t] & ok[t + 1] & (not c[t])
+        if length:
+            c[length - 1] = False
+        if ids.shape[1]:
+            i = ids[r]
+            for t in range(length - 1):
+                c[t] = c[t] & (i[t] == i[t + 1])
+
+
+@_jit
+def _scan(x, a):
+    """``x_t <- x_t + a_t x_{t+1}`` along each row, in place (0 past the row's end)."""
+    rows, length = x.shape
+    zero = x.dtype.type(0.0)
+    r = 0
+    while r + 4 <= rows:
+        x0, x1, x2, x3 = x[r], x[r + 1], x[r + 2], x[r + 3]
+        a0, a1, a2, a3 = a[r], a[r + 1], a[r + 2], a[r + 3]
+        y0 = y1 = y2 = y3 = zero
+        for t in range(length - 1, -1, -1):
+            y0 = x0[t] + a0[t] * y0
+            y1 = x1[t] + a1[t] * y1
+            y2 = x2[t] + a2[t] * y2
+            y3 = x3[t] + a3[t] * y3
+            x0[t], x1[t], x2[t], x3[t] = y0, y1, y2, y3
+        r += 4
+    while r < rows:
+        x0, a0 = x[r], a[r]
+        y0 = zero
+        for t in range(length - 1, -1, -1):
+            y0 = x0[t] + a0[t] * y0
+            x0[t] = y0
+        r += 1
+
+
+@_jit
+def _plus_value(x, value, valid, out):
+    """``out = x + value`` on real steps, 0 on padding."""
+    rows, length = x.shape
+    zero = x.dtype.type(0.0)
+    for r in range(rows):
+        xr, v, ok, o = x[r], value[r], valid[r], out[r]
+        for t in range(length):
+            o[t] = xr[t] + v[t] if ok[t] else zero
+
+
+@_jit
+def _gae(reward, terminated, cont, valid, value, next_value, gamma, lmbda, adv, target):
+    rows, length = reward.shape
+    g, gl, zero = value.dtype.type(gamma), value.dtype.type(gamma * lmbda), value.dtype.type(0.0)
+    trace = np.empty_like(value)
+    for r in range(rows):
+        rw, term, c, ok = reward[r], terminated[r], cont[r], valid[r]
+        v, nv, x, a = value[r], next_value[r], adv[r], trace[r]
+        for t in range(length):
+            delta = rw[t] + g * (zero if term[t] else nv[t]) - v[t]
+            x[t] = delta if ok[t] else zero
+            a[t] = gl if c[t] else zero
+    _scan(adv, trace)
+    _plus_value(adv, value, valid, target)
+
+
+@_jit
+def _td_lambda(reward, terminated, cont, valid, next_value, gamma, lmbda, out):
+    rows, length = reward.shape
+    dt = next_value.dtype.type
+    g, g_on, gl, zero = dt(gamma), dt(gamma * (1.0 - lmbda)), dt(gamma * lmbda), dt(0.0)
+    trace = np.empty_like(next_value)
+    for r in range(rows):
+        rw, term, c, ok = reward[r], terminated[r], cont[r], valid[r]
+        nv, x, a = next_value[r], out[r], trace[r]
+        for t in range(length):
+            boot = zero if term[t] else nv[t]
+            b = rw[t] + (g_on if c[t] else g) * boot
+            x[t] = b if ok[t] else zero
+            a[t] = gl if c[t] else zero
+    _scan(out, trace)
+
+
+@_jit
+def _reward_to_go(reward, cont, valid, gamma, out):
+    rows, length = reward.shape
+    g, zero = reward.dtype.type(gamma), reward.dtype.type(0.0)
+    trace = np.empty_like(reward)
+    for r in range(rows):
+        rw, c, ok, x, a = reward[r], cont[r], valid[r], out[r], trace[r]
+        for t in range(length):
+            x[t] = rw[t] if ok[t] else zero
+            a[t] = g if c[t] else zero
+    _scan(out, trace)
+
+
+@_jit
+def _n_step(reward, terminated, cont, valid, next_value, n, gamma, out):
+    rows, length = reward.shape
+    powers = np.empty(min(n, length) + 1)
+    for k in range(powers.size):
+        powers[k] = gamma**k
+    gamma_n = gamma**n
+    togo = np.empty(length)  # float64: togo[t] - gamma^n togo[t + n] cancels
+    end = np.empty(length, np.int64)
+    for r in range(rows):
+        rw, term, c, ok, nv, o = reward[r], terminated[r], cont[r], valid[r], next_value[r], out[r]
+        run, last = 0.0, length - 1
+        for t in range(length - 1, -1, -1):
+            if not c[t]:
+                run, last = 0.0, t
+            run = (rw[t] if ok[t] else 0.0) + gamma * run
+            togo[t], end[t] = run, last
+        for t in range(length):
+            if not ok[t]:
+                o[t] = 0.0
+                continue
+            if t + n <= end[t]:  # n rewards, then the bootstrap of step t + n - 1
+                total, used = togo[t] - gamma_n * togo[t + n], t + n - 1
+            else:  # the segment ends first
+                total, used = togo[t], end[t]
+            boot = 0.0 if term[used] else nv[used]
+            o[t] = total + powers[used - t + 1] * boot
+
+
+@_jit
+def _vtrace(reward, terminated, cont, valid, value, next_value, ratio, gamma, rho_thresh, c_thresh,
+            adv, target):  # fmt: skip
+    rows, length = reward.shape
+    dt = value.dtype.type
+    g, rho_bar, c_bar, zero = dt(gamma), dt(rho_thresh), dt(c_thresh), dt(0.0)
+    trace = np.empty_like(value)
+    rho = np.empty_like(value)  # clipped
+    for r in range(rows):
+        rw, term, c, ok = reward[r], terminated[r], cont[r], valid[r]
+        v, nv, x, a, p = value[r], next_value[r], adv[r], trace[r], rho[r]
+        ratio_r = ratio[r]
+        for t in range(length):
+            w = ratio_r[t]
+            p[t] = min(rho_bar, w)
+            delta = p[t] * (rw[t] + g * (zero if term[t] else nv[t]) - v[t])
+            x[t] = delta if ok[t] else zero
+            a[t] = g * min(c_bar, w) if c[t] else zero
+    _scan(adv, trace)  # adv: v_s - V(x_s)
+    _plus_value(adv, value, valid, target)  # v_s
+    for r in range(rows):  # the policy-gradient advantage
+        rw, term, c, ok = reward[r], terminated[r], cont[r], valid[r]
+        v, nv, vs, x, p = value[r], next_value[r], target[r], adv[r], rho[r]
+        for t in range(length):
+            boot = zero if term[t] else nv[t]
+            after = vs[t + 1] if c[t] else boot
+            x[t] = p[t] * (rw[t] + g * after - v[t]) if ok[t] else zero
+
+
+@_jit
+def _retrace(reward, terminated, cont, valid, q, next_value, ratio, gamma, lmbda, c_thresh, out):
+    rows, length = reward.shape
+    dt = q.dtype.type
+    g, gl, c_bar, zero = dt(gamma), dt(gamma * lmbda), dt(c_thresh), dt(0.0)
+    trace = np.empty_like(q)
+    for r in range(rows):
+        rw, term, c, ok = reward[r], terminated[r], cont[r], valid[r]
+        qr, nv, w, x, a = q[r], next_value[r], ratio[r], out[r], trace[r]
+        for t in range(length):
+            b = rw[t] + g * (zero if term[t] else nv[t]) - qr[t]
+            x[t] = b if ok[t] else zero
+            # the next step's truncated importance weight
+            a[t] = gl * min(c_bar, w[t + 1]) if c[t] else zero
+    _scan(out, trace)
+    _plus_value(out, q, valid, out)
+
+
+# --------------------------------------------------------------------------- entry points
+
+
+def _flags(rows: Rows) -> tuple[np.ndarray, np.ndarray]:
+    n_rows, length = rows.shape
+    cont = np.empty((n_rows, length), np.bool_)
+    valid = np.empty((n_rows, length), np.bool_)
+    no_flag = np.empty((n_rows, 0), np.bool_)
+
+    def flag(x: Tensor | None) -> np.ndarray:
+        return no_flag if x is None else x.numpy()
+
+    ids = np.empty((n_rows, 0), np.int64) if rows.traj_ids is None else rows.traj_ids.numpy()
+    _continuation(
+        rows.terminated.numpy(),
+        flag(rows.done),
+        flag(rows.truncated),
+        flag(rows.cut),
+        ids,
+        flag(rows.mask),
+        cont,
+        valid,
+    )
+    return cont, valid
+
+
+def continuation(rows: Rows) -> tuple[Tensor, Tensor]:
+    cont, valid = _flags(rows)
+    return torch.from_numpy(cont), torch.from_numpy(valid)
+
+
+def gae(
+    rows: Rows, reward: Tensor, value: Tensor, next_value: Tensor, gamma: float, lmbda: float
+) -> tuple[Tensor, Tensor]:
+    cont, valid = _flags(rows)
+    adv, target = torch.empty_like(value), torch.empty_like(value)
+    _gae(
+        reward.numpy(),
+        rows.terminated.numpy(),
+        cont,
+        valid,
+        value.numpy(),
+        next_value.numpy(),
+        gamma,
+        lmbda,
+        adv.numpy(),
+        target.numpy(),
+    )
+    return adv, target
+
+
+def td_lambda(rows: Rows, reward: Tensor, next_value: Tensor, gamma: float, lmbda: float) -> Tensor:
+    cont, valid = _flags(rows)
+    out = torch.empty_like(next_value)
+    _td_lambda(
+        reward.numpy(),
+        rows.terminated.numpy(),
+        cont,
+        valid,
+        next_value.numpy(),
+        gamma,
+        lmbda,
+        out.numpy(),
+    )
+    return out
+
+
+def reward_to_go(rows: Rows, reward: Tensor, gamma: float) -> Tensor:
+    cont, valid = _flags(rows)
+    out = torch.empty_like(reward)
+    _reward_to_go(reward.numpy(), cont, valid, gamma, out.numpy())
+    return out
+
+
+def n_step(rows: Rows, reward: Tensor, next_value: Tensor, n: int, gamma: float) -> Tensor:
+    cont, valid = _flags(rows)
+    out = torch.empty_like(next_value)
+    _n_step(
+        reward.numpy(),
+        rows.terminated.numpy(),
+        cont,
+        valid,
+        next_value.numpy(),
+        n,
+        gamma,
+        out.numpy(),
+    )
+    return out
+
+
+def _ratio(log_pi: Tensor, log_mu: Tensor | None) -> np.ndarray:
+    """``pi / mu`` (numpy's exp: vectorised, unlike a compiled loop's)."""
+    return np.exp(log_pi.numpy() if log_mu is None else log_pi.numpy() - log_mu.numpy())
+
+
+def vtrace(
+    rows: Rows,
+    reward: Tensor,
+    value: Tensor,
+    next_value: Tensor,
+    log_pi: Tensor,
+    log_mu: Tensor | None,
+    gamma: float,
+    rho_thresh: float,
+    c_thresh: float,
+) -> tuple[Tensor, Tensor]:
+    cont, valid = _flags(rows)
+    adv, target = torch.empty_like(value), torch.empty_like(value)
+    _vtrace(
+        reward.numpy(),
+        rows.terminated.numpy(),
+        cont,
+        valid,
+        value.numpy(),
+        next_value.numpy(),
+        _ratio(log_pi, log_mu),
+        gamma,
+        rho_thresh,
+        c_thresh,
+        adv.numpy(),
+        target.numpy(),
+    )
+    return adv, target
+
+
+def retrace(
+    rows: Rows,
+    reward: Tensor,
+    q: Tensor,
+    next_value: Tensor,
+    log_pi: Tensor,
+    log_mu: Tensor | None,
+    gamma: float,
+    lmbda: float,
+    c_thresh: float,
+) -> Tensor:
+    cont, valid = _flags(rows)
+    out = torch.empty_like(q)
+    _retrace(
+        reward.numpy(),
+        rows.terminated.numpy(),
+        cont,
+        valid,
+        q.numpy(),
+        next_value.numpy(),
+        _ratio(log_pi, log_mu),
+        gamma,
+        lmbda,
+        c_thresh,
+        out.numpy(),
+    )
+    return out
