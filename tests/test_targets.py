@@ -881,11 +881,10 @@ def test_kernels_are_cached_on_disk(tmp_path) -> None:
         "                 ('next', 'terminated'): torch.zeros(2, 3, 1, dtype=torch.bool),\n"
         "                 ('next', 'done'): torch.zeros(2, 3, 1, dtype=torch.bool)}, [2, 3])\n"
         "targets.gae(td, torch.zeros(2, 3), torch.ones(2, 3), gamma=0.9, lmbda=0.9)\n"
-        "stats = [_cpu._continuation.stats, _cpu._gae.stats]\n"
-        "print(sum(s.cache_misses.get(k, 0) for s in stats for k in s.cache_misses),\n"
-        "      sum(s.cache_hits.get(k, 0) for s in stats for k in s.cache_hits))"
+        "stats = _cpu._gae.stats\n"
+        "print(sum(stats.cache_misses.values()), sum(stats.cache_hits.values()))"
     )
     env = {"NUMBA_CACHE_DIR": str(tmp_path)}
-    assert _run(code, env) == "2 0"  # compiled, and written to the cache
+    assert _run(code, env) == "1 0"  # compiled, and written to the cache
     assert any(tmp_path.rglob("*.nbi")) and any(tmp_path.rglob("*.nbc"))
-    assert _run(code, env) == "0 2"  # loaded from it
+    assert _run(code, env) == "0 1"  # loaded from it

@@ -7,10 +7,13 @@ file, or, where that is not writable, numba's per-user cache directory; ``NUMBA_
 sets another), so the compile cost is paid once per install. Where no cache location is
 writable the kernels compile in every process.
 
-Every target is a linear recurrence :math:`x_t = b_t + a_t x_{t+1}` along time. A kernel
-computes ``b`` and ``a`` in one pass (vectorisable), then :func:`_scan` runs the recurrence
-with four rows interleaved: their chains are independent, so the CPU overlaps them instead
-of waiting on each multiply-add.
+Each kernel takes the batch's flags as they are (``flags``: a tuple of terminated, done,
+truncated, cut, traj_ids and mask, ``[rows, T]`` each, an absent one ``[rows, 0]``) and
+applies the rule of :func:`splice.targets.continues` itself (:func:`_rule`). Every target
+is a linear recurrence :math:`x_t = b_t + a_t x_{t+1}` along time: a kernel computes ``b``
+and ``a`` in one pass (vectorisable), then :func:`_scan` runs the recurrence with four rows
+interleaved — their chains are independent, so the CPU overlaps them instead of waiting on
+each multiply-add.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from torch import Tensor
 from splice.targets._inputs import Rows
 
 F = TypeVar("F", bound=Callable[..., Any])
+_NUMPY = {torch.float32: np.float32, torch.float64: np.float64}
 
 
 def _jit(fn: F) -> F:
@@ -37,13 +41,12 @@ def _jit(fn: F) -> F:
         return numba.njit(**options)(fn)  # type: ignore[no-any-return]
 
 
-# --------------------------------------------------------------------------- kernels
+# --------------------------------------------------------------------------- the rule
 
 
 @_jit
 def _continuation(terminated, done, truncated, cut, ids, mask, cont, valid):
-    """The rule of :func:`splice.targets.continues`, row by row; an absent flag is a
-    ``[rows, 0]`` array."""
+    """Fill ``cont`` (the target runs on into ``t + 1``) and ``valid`` (a real step)."""
     rows, length = terminated.shape
     for r in range(rows):
         c, ok, term = cont[r], valid[r], terminated[r]
@@ -54,10 +57,6 @@ def _continuation(terminated, done, truncated, cut, ids, mask, cont, valid):
         else:
             for t in range(length):
                 ok[t] = True
-        if ids.shape[1]:
-            i = ids[r]
-            for t in range(length):
-                ok[t] = ok[t] & (i[t] >= 0)
         for t in range(length):  # c: the step stops its target
             c[t] = term[t]
         for flags in (done, truncated, cut):
@@ -65,14 +64,29 @@ def _continuation(terminated, done, truncated, cut, ids, mask, cont, valid):
                 f = flags[r]
                 for t in range(length):
                     c[t] = c[t] | f[t]
+        if ids.shape[1]:  # padding (id < 0) is not real; an id change stops
+            i = ids[r]
+            for t in range(length):
+                ok[t] = ok[t] & (i[t] >= 0)
+            for t in range(length - 1):
+                c[t] = c[t] | (i[t] != i[t + 1])
         for t in range(length - 1):
             c[t] = ok[t] & ok[t + 1] & (not c[t])
         if length:
             c[length - 1] = False
-        if ids.shape[1]:
-            i = ids[r]
-            for t in range(length - 1):
-                c[t] = c[t] & (i[t] == i[t + 1])
+
+
+@_jit
+def _rule(flags):
+    """``(cont, valid)`` from ``flags``."""
+    terminated, done, truncated, cut, ids, mask = flags
+    cont = np.empty(terminated.shape, np.bool_)
+    valid = np.empty(terminated.shape, np.bool_)
+    _continuation(terminated, done, truncated, cut, ids, mask, cont, valid)
+    return cont, valid
+
+
+# --------------------------------------------------------------------------- the recurrence
 
 
 @_jit
@@ -112,24 +126,30 @@ def _plus_value(x, value, valid, out):
             o[t] = xr[t] + v[t] if ok[t] else zero
 
 
+# --------------------------------------------------------------------------- targets
+
+
 @_jit
-def _gae(reward, terminated, cont, valid, value, next_value, gamma, lmbda, adv, target):
+def _gae(flags, reward, value, next_value, gamma, lmbda, adv, target):
+    cont, valid = _rule(flags)
+    terminated = flags[0]
     rows, length = reward.shape
     g, gl, zero = value.dtype.type(gamma), value.dtype.type(gamma * lmbda), value.dtype.type(0.0)
-    trace = np.empty_like(value)
-    for r in range(rows):
+    for r in range(rows):  # target holds the trace coefficients until the end
         rw, term, c, ok = reward[r], terminated[r], cont[r], valid[r]
-        v, nv, x, a = value[r], next_value[r], adv[r], trace[r]
+        v, nv, x, a = value[r], next_value[r], adv[r], target[r]
         for t in range(length):
             delta = rw[t] + g * (zero if term[t] else nv[t]) - v[t]
             x[t] = delta if ok[t] else zero
             a[t] = gl if c[t] else zero
-    _scan(adv, trace)
+    _scan(adv, target)
     _plus_value(adv, value, valid, target)
 
 
 @_jit
-def _td_lambda(reward, terminated, cont, valid, next_value, gamma, lmbda, out):
+def _td_lambda(flags, reward, next_value, gamma, lmbda, out):
+    cont, valid = _rule(flags)
+    terminated = flags[0]
     rows, length = reward.shape
     dt = next_value.dtype.type
     g, g_on, gl, zero = dt(gamma), dt(gamma * (1.0 - lmbda)), dt(gamma * lmbda), dt(0.0)
@@ -146,7 +166,8 @@ def _td_lambda(reward, terminated, cont, valid, next_value, gamma, lmbda, out):
 
 
 @_jit
-def _reward_to_go(reward, cont, valid, gamma, out):
+def _reward_to_go(flags, reward, gamma, out):
+    cont, valid = _rule(flags)
     rows, length = reward.shape
     g, zero = reward.dtype.type(gamma), reward.dtype.type(0.0)
     trace = np.empty_like(reward)
@@ -159,7 +180,9 @@ def _reward_to_go(reward, cont, valid, gamma, out):
 
 
 @_jit
-def _n_step(reward, terminated, cont, valid, next_value, n, gamma, out):
+def _n_step(flags, reward, next_value, n, gamma, out):
+    cont, valid = _rule(flags)
+    terminated = flags[0]
     rows, length = reward.shape
     powers = np.empty(min(n, length) + 1)
     for k in range(powers.size):
@@ -170,7 +193,7 @@ def _n_step(reward, terminated, cont, valid, next_value, n, gamma, out):
     for r in range(rows):
         rw, term, c, ok, nv, o = reward[r], terminated[r], cont[r], valid[r], next_value[r], out[r]
         run, last = 0.0, length - 1
-        for t in range(length - 1, -1, -1):
+        for t in range(length - 1, -1, -1):  # reward-to-go and end of each segment
             if not c[t]:
                 run, last = 0.0, t
             run = (rw[t] if ok[t] else 0.0) + gamma * run
@@ -188,145 +211,125 @@ def _n_step(reward, terminated, cont, valid, next_value, n, gamma, out):
 
 
 @_jit
-def _vtrace(reward, terminated, cont, valid, value, next_value, ratio, gamma, rho_thresh, c_thresh,
-            adv, target):  # fmt: skip
+def _vtrace(flags, reward, value, next_value, ratio, gamma, rho_thresh, c_thresh, adv, target):
+    cont, valid = _rule(flags)
+    terminated = flags[0]
     rows, length = reward.shape
     dt = value.dtype.type
     g, rho_bar, c_bar, zero = dt(gamma), dt(rho_thresh), dt(c_thresh), dt(0.0)
-    trace = np.empty_like(value)
-    rho = np.empty_like(value)  # clipped
-    for r in range(rows):
+    for r in range(rows):  # target holds the trace coefficients until the scan is done
         rw, term, c, ok = reward[r], terminated[r], cont[r], valid[r]
-        v, nv, x, a, p = value[r], next_value[r], adv[r], trace[r], rho[r]
-        ratio_r = ratio[r]
+        v, nv, w, x, a = value[r], next_value[r], ratio[r], adv[r], target[r]
         for t in range(length):
-            w = ratio_r[t]
-            p[t] = min(rho_bar, w)
-            delta = p[t] * (rw[t] + g * (zero if term[t] else nv[t]) - v[t])
+            delta = min(rho_bar, w[t]) * (rw[t] + g * (zero if term[t] else nv[t]) - v[t])
             x[t] = delta if ok[t] else zero
-            a[t] = g * min(c_bar, w) if c[t] else zero
-    _scan(adv, trace)  # adv: v_s - V(x_s)
+            a[t] = g * min(c_bar, w[t]) if c[t] else zero
+    _scan(adv, target)  # adv: v_s - V(x_s)
     _plus_value(adv, value, valid, target)  # v_s
     for r in range(rows):  # the policy-gradient advantage
         rw, term, c, ok = reward[r], terminated[r], cont[r], valid[r]
-        v, nv, vs, x, p = value[r], next_value[r], target[r], adv[r], rho[r]
+        v, nv, vs, w, x = value[r], next_value[r], target[r], ratio[r], adv[r]
         for t in range(length):
             boot = zero if term[t] else nv[t]
             after = vs[t + 1] if c[t] else boot
-            x[t] = p[t] * (rw[t] + g * after - v[t]) if ok[t] else zero
+            x[t] = min(rho_bar, w[t]) * (rw[t] + g * after - v[t]) if ok[t] else zero
 
 
 @_jit
-def _retrace(reward, terminated, cont, valid, q, next_value, ratio, gamma, lmbda, c_thresh, out):
+def _retrace(flags, reward, q, next_value, ratio, gamma, lmbda, c_thresh, out):
+    cont, valid = _rule(flags)
+    terminated = flags[0]
     rows, length = reward.shape
     dt = q.dtype.type
     g, gl, c_bar, zero = dt(gamma), dt(gamma * lmbda), dt(c_thresh), dt(0.0)
-    trace = np.empty_like(q)
-    for r in range(rows):
+    for r in range(rows):  # ratio becomes the trace coefficients, in place
         rw, term, c, ok = reward[r], terminated[r], cont[r], valid[r]
-        qr, nv, w, x, a = q[r], next_value[r], ratio[r], out[r], trace[r]
+        qr, nv, w, x = q[r], next_value[r], ratio[r], out[r]
         for t in range(length):
             b = rw[t] + g * (zero if term[t] else nv[t]) - qr[t]
             x[t] = b if ok[t] else zero
-            # the next step's truncated importance weight
-            a[t] = gl * min(c_bar, w[t + 1]) if c[t] else zero
-    _scan(out, trace)
+            # the next step's truncated importance weight (read before it is overwritten)
+            w[t] = gl * min(c_bar, w[t + 1]) if c[t] else zero
+    _scan(out, ratio)
     _plus_value(out, q, valid, out)
 
 
 # --------------------------------------------------------------------------- entry points
 
 
-def _flags(rows: Rows) -> tuple[np.ndarray, np.ndarray]:
-    n_rows, length = rows.shape
-    cont = np.empty((n_rows, length), np.bool_)
-    valid = np.empty((n_rows, length), np.bool_)
-    no_flag = np.empty((n_rows, 0), np.bool_)
+def _array(x: Tensor, shape: tuple[int, int]) -> np.ndarray:
+    """A CPU tensor as a C-contiguous ``[rows, T]`` array (a view when it can be)."""
+    return np.ascontiguousarray(x.numpy().reshape(shape))
+
+
+def _flags(rows: Rows) -> tuple[np.ndarray, ...]:
+    shape = rows.shape
+    absent = np.empty((shape[0], 0), np.bool_)
 
     def flag(x: Tensor | None) -> np.ndarray:
-        return no_flag if x is None else x.numpy()
+        return absent if x is None else _array(x, shape)
 
-    ids = np.empty((n_rows, 0), np.int64) if rows.traj_ids is None else rows.traj_ids.numpy()
-    _continuation(
-        rows.terminated.numpy(),
+    ids = rows.traj_ids
+    return (
+        _array(rows.terminated, shape),
         flag(rows.done),
         flag(rows.truncated),
         flag(rows.cut),
-        ids,
+        np.empty((shape[0], 0), np.int64) if ids is None else _array(ids, shape),
         flag(rows.mask),
-        cont,
-        valid,
     )
-    return cont, valid
+
+
+def _ratio(log_pi: Tensor, log_mu: Tensor | None, shape: tuple[int, int]) -> np.ndarray:
+    """``pi / mu`` as a new array (numpy's exp: vectorised, unlike a compiled loop's)."""
+    out = np.array(_array(log_pi, shape))
+    if log_mu is not None:
+        out -= _array(log_mu, shape)
+    return np.exp(out, out=out)
 
 
 def continuation(rows: Rows) -> tuple[Tensor, Tensor]:
-    cont, valid = _flags(rows)
+    cont, valid = _rule(_flags(rows))
     return torch.from_numpy(cont), torch.from_numpy(valid)
 
 
 def gae(
     rows: Rows, reward: Tensor, value: Tensor, next_value: Tensor, gamma: float, lmbda: float
 ) -> tuple[Tensor, Tensor]:
-    cont, valid = _flags(rows)
-    adv, target = torch.empty_like(value), torch.empty_like(value)
+    shape = rows.shape
+    adv, target = np.empty(shape, _NUMPY[value.dtype]), np.empty(shape, _NUMPY[value.dtype])
     _gae(
-        reward.numpy(),
-        rows.terminated.numpy(),
-        cont,
-        valid,
-        value.numpy(),
-        next_value.numpy(),
+        _flags(rows),
+        _array(reward, shape),
+        _array(value, shape),
+        _array(next_value, shape),
         gamma,
         lmbda,
-        adv.numpy(),
-        target.numpy(),
+        adv,
+        target,
     )
-    return adv, target
+    return torch.from_numpy(adv), torch.from_numpy(target)
 
 
 def td_lambda(rows: Rows, reward: Tensor, next_value: Tensor, gamma: float, lmbda: float) -> Tensor:
-    cont, valid = _flags(rows)
-    out = torch.empty_like(next_value)
-    _td_lambda(
-        reward.numpy(),
-        rows.terminated.numpy(),
-        cont,
-        valid,
-        next_value.numpy(),
-        gamma,
-        lmbda,
-        out.numpy(),
-    )
-    return out
+    shape = rows.shape
+    out = np.empty(shape, _NUMPY[next_value.dtype])
+    _td_lambda(_flags(rows), _array(reward, shape), _array(next_value, shape), gamma, lmbda, out)
+    return torch.from_numpy(out)
 
 
 def reward_to_go(rows: Rows, reward: Tensor, gamma: float) -> Tensor:
-    cont, valid = _flags(rows)
-    out = torch.empty_like(reward)
-    _reward_to_go(reward.numpy(), cont, valid, gamma, out.numpy())
-    return out
+    shape = rows.shape
+    out = np.empty(shape, _NUMPY[reward.dtype])
+    _reward_to_go(_flags(rows), _array(reward, shape), gamma, out)
+    return torch.from_numpy(out)
 
 
 def n_step(rows: Rows, reward: Tensor, next_value: Tensor, n: int, gamma: float) -> Tensor:
-    cont, valid = _flags(rows)
-    out = torch.empty_like(next_value)
-    _n_step(
-        reward.numpy(),
-        rows.terminated.numpy(),
-        cont,
-        valid,
-        next_value.numpy(),
-        n,
-        gamma,
-        out.numpy(),
-    )
-    return out
-
-
-def _ratio(log_pi: Tensor, log_mu: Tensor | None) -> np.ndarray:
-    """``pi / mu`` (numpy's exp: vectorised, unlike a compiled loop's)."""
-    return np.exp(log_pi.numpy() if log_mu is None else log_pi.numpy() - log_mu.numpy())
+    shape = rows.shape
+    out = np.empty(shape, _NUMPY[next_value.dtype])
+    _n_step(_flags(rows), _array(reward, shape), _array(next_value, shape), n, gamma, out)
+    return torch.from_numpy(out)
 
 
 def vtrace(
@@ -340,23 +343,21 @@ def vtrace(
     rho_thresh: float,
     c_thresh: float,
 ) -> tuple[Tensor, Tensor]:
-    cont, valid = _flags(rows)
-    adv, target = torch.empty_like(value), torch.empty_like(value)
+    shape = rows.shape
+    adv, target = np.empty(shape, _NUMPY[value.dtype]), np.empty(shape, _NUMPY[value.dtype])
     _vtrace(
-        reward.numpy(),
-        rows.terminated.numpy(),
-        cont,
-        valid,
-        value.numpy(),
-        next_value.numpy(),
-        _ratio(log_pi, log_mu),
+        _flags(rows),
+        _array(reward, shape),
+        _array(value, shape),
+        _array(next_value, shape),
+        _ratio(log_pi, log_mu, shape),
         gamma,
         rho_thresh,
         c_thresh,
-        adv.numpy(),
-        target.numpy(),
+        adv,
+        target,
     )
-    return adv, target
+    return torch.from_numpy(adv), torch.from_numpy(target)
 
 
 def retrace(
@@ -370,19 +371,17 @@ def retrace(
     lmbda: float,
     c_thresh: float,
 ) -> Tensor:
-    cont, valid = _flags(rows)
-    out = torch.empty_like(q)
+    shape = rows.shape
+    out = np.empty(shape, _NUMPY[q.dtype])
     _retrace(
-        reward.numpy(),
-        rows.terminated.numpy(),
-        cont,
-        valid,
-        q.numpy(),
-        next_value.numpy(),
-        _ratio(log_pi, log_mu),
+        _flags(rows),
+        _array(reward, shape),
+        _array(q, shape),
+        _array(next_value, shape),
+        _ratio(log_pi, log_mu, shape),
         gamma,
         lmbda,
         c_thresh,
-        out.numpy(),
+        out,
     )
-    return out
+    return torch.from_numpy(out)

@@ -1,8 +1,8 @@
 """Reading and checking the targets' inputs: the batch's flags and the value tensors.
 
-Everything here is device-agnostic Python: it finds the entries, checks their dtypes and
-shapes, and lays every tensor out as ``[rows, T]`` (time last, contiguous). The arithmetic
-is the backends' (:mod:`splice.targets._backend`).
+Everything here is device-agnostic Python: it finds the entries and checks their dtypes and
+shapes. Laying the tensors out as ``[rows, T]`` (time last) and the arithmetic are the
+backends' (:mod:`splice.targets._backend`).
 """
 
 from __future__ import annotations
@@ -62,15 +62,16 @@ class TargetKeys:
     sample_log_prob: NestedKey = "action_log_prob"
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Rows:
-    """A batch reduced to what targets need, every tensor ``[rows, T]`` (time last).
+    """A batch reduced to what targets need: its reward and flags, checked.
 
-    ``done``, ``truncated``, ``cut``, ``traj_ids`` and ``mask`` are None when the batch does
-    not have them. Every tensor is contiguous.
+    Each tensor is ``[*batch]`` or ``[*batch, 1]`` as stored; a backend lays them out as
+    ``shape`` = ``[rows, T]`` (time last). ``done``, ``truncated``, ``cut``, ``traj_ids`` and
+    ``mask`` are None when the batch does not have them.
     """
 
-    reward: Tensor  # as stored (any dtype)
+    reward: Tensor  # any dtype
     terminated: Tensor  # bool
     done: Tensor | None  # bool
     truncated: Tensor | None  # bool
@@ -78,11 +79,7 @@ class Rows:
     traj_ids: Tensor | None  # int64
     mask: Tensor | None  # bool
     batch: torch.Size  # the batch size, to shape outputs
-
-    @property
-    def shape(self) -> tuple[int, int]:
-        length = self.batch[-1]
-        return (self.batch.numel() // length if length else 0, length)
+    shape: tuple[int, int]  # (rows, T)
 
     @property
     def device(self) -> torch.device:
@@ -90,7 +87,7 @@ class Rows:
 
     def output(self, x: Tensor, dtype: torch.dtype) -> Tensor:
         """A ``[rows, T]`` result as ``[*batch, 1]`` in ``dtype``."""
-        return x.reshape(*self.batch, 1).to(dtype)
+        return x.view(*self.batch, 1).to(dtype)
 
 
 def read(td: TensorDictBase, keys: TargetKeys) -> Rows:
@@ -129,9 +126,11 @@ def read(td: TensorDictBase, keys: TargetKeys) -> Rows:
     if ids is not None:
         if not isinstance(ids, Tensor) or ids.dtype != torch.int64:
             raise LayoutError(f"key {keys.traj_ids!r}: expected int64, got {_describe(ids)}")
-        ids = _rows(ids, batch, f"key {keys.traj_ids!r}")
+        _check_shape(ids, batch, f"key {keys.traj_ids!r}")
+    _check_shape(reward, batch, f"key {keys.reward!r}")
+    length = batch[-1]
     return Rows(
-        reward=_rows(reward.detach(), batch, f"key {keys.reward!r}"),
+        reward=reward.detach(),
         terminated=terminated,
         done=done,
         truncated=truncated,
@@ -139,6 +138,7 @@ def read(td: TensorDictBase, keys: TargetKeys) -> Rows:
         traj_ids=ids,
         mask=_flag(td, keys.mask, batch),
         batch=batch,
+        shape=(batch.numel() // length if length else 0, length),
     )
 
 
@@ -150,7 +150,7 @@ def tensor(
     name: str,
     missing: str = "",
 ) -> Tensor:
-    """A float per-step argument (or the entry at ``key`` when it is None) as rows.
+    """A float per-step argument (or the entry at ``key`` when it is None), checked.
 
     ``missing`` is added to the error when neither the argument nor the entry exists.
     """
@@ -168,7 +168,8 @@ def tensor(
         raise TypeError(f"{what} must be a floating-point tensor, got dtype {given.dtype}")
     if given.device != rows.device:
         raise error(f"{what} is on {given.device}, the batch on {rows.device}")
-    return _rows(given.detach(), rows.batch, what, error)
+    _check_shape(given, rows.batch, what, error)
+    return given.detach()
 
 
 def work_dtype(*tensors: Tensor) -> tuple[torch.dtype, torch.dtype]:
@@ -199,26 +200,23 @@ def check_threshold(name: str, x: float) -> float:
 
 
 def _flag(td: TensorDictBase, key: NestedKey, batch: torch.Size) -> Tensor | None:
-    """A bool entry of shape ``[*batch]`` or ``[*batch, 1]`` as rows, or None."""
+    """A bool entry of shape ``[*batch]`` or ``[*batch, 1]``, or None."""
     value = td.get(key, None)
     if value is None:
         return None
     if not isinstance(value, Tensor) or value.dtype != torch.bool:
         raise LayoutError(f"key {key!r}: expected a bool tensor, got {_describe(value)}")
-    return _rows(value, batch, f"key {key!r}")
+    _check_shape(value, batch, f"key {key!r}")
+    return value
 
 
-def _rows(
+def _check_shape(
     value: Tensor, batch: torch.Size, what: str, error: type[ValueError] = LayoutError
-) -> Tensor:
-    """``value`` (``[*batch]``, or ``[*batch, 1]``: a trailing feature dim of 1) as
-    contiguous ``[rows, T]``."""
-    if value.shape != batch and value.shape != (*batch, 1):
-        raise error(
-            f"{what}: expected shape {list(batch)} or {[*batch, 1]}, got {list(value.shape)}"
-        )
-    length = batch[-1]
-    return value.reshape(batch.numel() // length if length else 0, length).contiguous()
+) -> None:
+    """``value`` must be ``[*batch]``, or ``[*batch, 1]`` (a trailing feature dim of 1)."""
+    shape = value.shape
+    if shape != batch and (shape[:-1] != batch or shape[-1] != 1):
+        raise error(f"{what}: expected shape {list(batch)} or {[*batch, 1]}, got {list(shape)}")
 
 
 def _describe(value: object) -> str:

@@ -16,20 +16,20 @@ from splice.targets._inputs import Rows
 
 def continuation(rows: Rows) -> tuple[Tensor, Tensor]:
     """``(cont, valid)``: the rule of :func:`splice.targets.continues` and the real steps."""
-    stop = rows.terminated.clone()
+    stop = rows.terminated.reshape(rows.shape).clone()
     for flags in (rows.done, rows.truncated, rows.cut):
         if flags is not None:
-            stop |= flags
-    valid = rows.mask
-    if rows.traj_ids is not None:
-        real = rows.traj_ids >= 0
-        valid = real if valid is None else valid & real
+            stop |= flags.reshape(rows.shape)
+    valid = None if rows.mask is None else rows.mask.reshape(rows.shape)
+    ids = None if rows.traj_ids is None else rows.traj_ids.reshape(rows.shape)
+    if ids is not None:
+        valid = ids >= 0 if valid is None else valid & (ids >= 0)
     if valid is None:
         valid = torch.ones_like(stop)
     cont = torch.zeros_like(valid)
     runs_on = valid[:, :-1] & valid[:, 1:] & ~stop[:, :-1]
-    if rows.traj_ids is not None:
-        runs_on &= rows.traj_ids[:, :-1] == rows.traj_ids[:, 1:]
+    if ids is not None:
+        runs_on &= ids[:, :-1] == ids[:, 1:]
     cont[:, :-1] = runs_on
     return cont, valid
 
@@ -38,6 +38,9 @@ def gae(
     rows: Rows, reward: Tensor, value: Tensor, next_value: Tensor, gamma: float, lmbda: float
 ) -> tuple[Tensor, Tensor]:
     cont, valid = continuation(rows)
+    reward = reward.reshape(rows.shape)
+    value = value.reshape(rows.shape)
+    next_value = next_value.reshape(rows.shape)
     delta = reward + gamma * _bootstrap(next_value, rows.terminated, valid) - value
     advantage = reverse_scan(torch.where(valid, delta, 0.0), (gamma * lmbda) * cont.to(value.dtype))
     return advantage, torch.where(valid, advantage + value, 0.0)
@@ -45,6 +48,8 @@ def gae(
 
 def td_lambda(rows: Rows, reward: Tensor, next_value: Tensor, gamma: float, lmbda: float) -> Tensor:
     cont, valid = continuation(rows)
+    reward = reward.reshape(rows.shape)
+    next_value = next_value.reshape(rows.shape)
     c = cont.to(next_value.dtype)
     boot = _bootstrap(next_value, rows.terminated, valid)
     b = reward + gamma * (1.0 - lmbda * c) * boot
@@ -53,6 +58,7 @@ def td_lambda(rows: Rows, reward: Tensor, next_value: Tensor, gamma: float, lmbd
 
 def reward_to_go(rows: Rows, reward: Tensor, gamma: float) -> Tensor:
     cont, valid = continuation(rows)
+    reward = reward.reshape(rows.shape)
     return reverse_scan(torch.where(valid, reward, 0.0), gamma * cont.to(reward.dtype))
 
 
@@ -60,6 +66,7 @@ def n_step(rows: Rows, reward: Tensor, next_value: Tensor, n: int, gamma: float)
     # Reward-to-go R inside each segment (float64: R_t - gamma^n R_{t+n} cancels), the
     # segment's last step e_t, and m_t = min(n, e_t - t + 1) rewards.
     cont, valid = continuation(rows)
+    reward, next_value = reward.reshape(rows.shape), next_value.reshape(rows.shape)
     reward64 = torch.where(valid, reward.to(torch.float64), 0.0)
     togo = reverse_scan(reward64, gamma * cont.to(torch.float64))
     length = cont.shape[-1]
@@ -88,6 +95,11 @@ def vtrace(
     c_thresh: float,
 ) -> tuple[Tensor, Tensor]:
     cont, valid = continuation(rows)
+    reward = reward.reshape(rows.shape)
+    value = value.reshape(rows.shape)
+    next_value = next_value.reshape(rows.shape)
+    log_pi = log_pi.reshape(rows.shape)
+    log_mu = None if log_mu is None else log_mu.reshape(rows.shape)
     ratio = (log_pi if log_mu is None else log_pi - log_mu).exp()
     rho = ratio.clamp(max=rho_thresh)
     boot = _bootstrap(next_value, rows.terminated, valid)
@@ -111,6 +123,11 @@ def retrace(
     c_thresh: float,
 ) -> Tensor:
     cont, valid = continuation(rows)
+    reward = reward.reshape(rows.shape)
+    q = q.reshape(rows.shape)
+    next_value = next_value.reshape(rows.shape)
+    log_pi = log_pi.reshape(rows.shape)
+    log_mu = None if log_mu is None else log_mu.reshape(rows.shape)
     ratio = (log_pi if log_mu is None else log_pi - log_mu).exp()
     c_next = torch.nn.functional.pad(ratio[:, 1:].clamp(max=c_thresh), (0, 1))
     boot = _bootstrap(next_value, rows.terminated, valid)
@@ -159,4 +176,4 @@ def segment_end(cont: Tensor) -> Tensor:
 
 def _bootstrap(next_value: Tensor, terminated: Tensor, valid: Tensor) -> Tensor:
     """``next_value`` where a step may bootstrap, 0 where it terminated or is padding."""
-    return torch.where(terminated | ~valid, 0.0, next_value)
+    return torch.where(terminated.reshape(valid.shape) | ~valid, 0.0, next_value)
