@@ -663,7 +663,7 @@ def test_vtrace_where_torchrl_differs() -> None:
 
 def test_on_policy_vtrace_is_gae_with_lambda_one() -> None:
     """With pi = mu (ratio 1) and c_bar >= 1, V-trace's value target is GAE's (lambda=1)
-    value target, and its advantage is the one-step TD error on the V-trace targets."""
+    value target; log_rho=0 gives the same as log_pi = log_mu."""
     rng = np.random.default_rng(2)
     rows = [[_segment(rng, 5, "truncated"), _segment(rng, 6, "cut")],
             [_segment(rng, 4, "terminated"), _segment(rng, 7, "cut")]]  # fmt: skip
@@ -675,6 +675,11 @@ def test_on_policy_vtrace_is_gae_with_lambda_one() -> None:
     same, _ = T.vtrace(laid.td, laid.value, laid.next_value, log_rho=torch.zeros(2, 11),
                        gamma=0.9)  # fmt: skip
     torch.testing.assert_close(same, adv)
+    # a feed-forward critic (next_value[t] = value[t + 1] inside episodes): advantages agree
+    cont = T.continues(laid.td)
+    nv = torch.where(cont, torch.nn.functional.pad(laid.value[:, 1:], (0, 1)), laid.next_value)
+    adv, _ = T.vtrace(laid.td, laid.value, nv, log_pi=log_mu, gamma=0.9)
+    torch.testing.assert_close(adv, T.gae(laid.td, laid.value, nv, gamma=0.9, lmbda=1.0)[0])
 
 
 # --------------------------------------------------------------------------- errors

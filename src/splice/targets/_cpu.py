@@ -18,6 +18,7 @@ each multiply-add.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -37,8 +38,20 @@ def _jit(fn: F) -> F:
     options: dict[str, Any] = {"nogil": True, "fastmath": {"contract"}}
     try:
         return numba.njit(cache=True, **options)(fn)  # type: ignore[no-any-return]
-    except RuntimeError:  # pragma: no cover - no writable cache location at all
+    except RuntimeError:  # no writable cache location at all (tested by hand: see the docs)
+        if not _uncached:
+            _uncached.append(fn.__name__)
+            warnings.warn(
+                "splice.targets: no writable directory for numba's cache of the compiled "
+                "kernels, so they are compiled again in every process (seconds per kernel); "
+                "set NUMBA_CACHE_DIR to a writable directory to keep them",
+                RuntimeWarning,
+                stacklevel=2,
+            )
         return numba.njit(**options)(fn)  # type: ignore[no-any-return]
+
+
+_uncached: list[str] = []
 
 
 # --------------------------------------------------------------------------- the rule

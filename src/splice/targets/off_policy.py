@@ -40,11 +40,11 @@ def vtrace(
     r"""V-trace value targets and policy-gradient advantages (Espeholt et al., 2018).
 
     With the clipped importance weights :math:`\rho_t = \min(\bar\rho, \pi_t / \mu_t)` and
-    :math:`c_t = \min(\bar c, \pi_t / \mu_t)`, :math:`c^{run}_t` from :func:`continues`
-    and :math:`d_t` = ``terminated``:
+    :math:`\kappa_t = \min(\bar c, \pi_t / \mu_t)`, :math:`c_t` from :func:`continues` (1
+    where the target runs on into :math:`t + 1`) and :math:`d_t` = ``terminated``:
 
     * :math:`\delta_t = \rho_t (r_t + \gamma (1 - d_t) V'_t - V_t)`,
-    * :math:`v_t = V_t + \delta_t + \gamma c_t c^{run}_t (v_{t+1} - V_{t+1})`, the value
+    * :math:`v_t = V_t + \delta_t + \gamma \kappa_t c_t (v_{t+1} - V_{t+1})`, the value
       target,
     * :math:`A_t = \rho_t (r_t + \gamma \tilde v_{t+1} - V_t)`, the policy-gradient
       advantage, where :math:`\tilde v_{t+1} = v_{t+1}` while the target runs on and
@@ -52,9 +52,9 @@ def vtrace(
 
     So a truncated step bootstraps from its true final observation, a cut step from the
     observation the episode continues from, and padding and other trajectories never enter a
-    target. With :math:`\pi = \mu` and :math:`\bar c \ge 1` the value target is the TD(1)
-    return and the advantage is GAE's with :math:`\lambda = 1` (one-step within each
-    episode's last step).
+    target. With :math:`\pi = \mu` and :math:`\bar c \ge 1` the value target is
+    :func:`gae`'s with ``lmbda=1``, and so is the advantage when ``next_value[t]`` is
+    ``value[t + 1]`` inside episodes (a feed-forward critic).
 
     Args:
         td: the batch (any layout of :mod:`splice.targets`).
@@ -142,13 +142,14 @@ def retrace(
 ) -> Tensor:
     r"""Retrace targets for :math:`Q(s_t, a_t)` (Munos et al., 2016).
 
-    With the traces :math:`c_t = \lambda \min(\bar c, \pi_t / \mu_t)`, :math:`c^{run}_t`
-    from :func:`continues` and :math:`d_t` = ``terminated``:
+    With the traces :math:`\kappa_t = \lambda \min(\bar c, \pi_t / \mu_t)`, :math:`c_t` from
+    :func:`continues` (1 where the target runs on into :math:`t + 1`) and :math:`d_t` =
+    ``terminated``:
 
     .. math::
 
         Q^{ret}_t = r_t + \gamma (1 - d_t) V'_t
-            + \gamma\, c^{run}_t\, c_{t+1} (Q^{ret}_{t+1} - Q(s_{t+1}, a_{t+1}))
+            + \gamma\, c_t\, \kappa_{t+1} (Q^{ret}_{t+1} - Q(s_{t+1}, a_{t+1}))
 
     where :math:`V'_t = \mathbb{E}_{a \sim \pi} Q(s'_t, a)` is the expected value of the
     step's next observation under the policy being learned (for a greedy policy,
