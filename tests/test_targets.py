@@ -532,6 +532,39 @@ def test_real_slices_bootstrap_at_their_ends(as_sequences: bool) -> None:
                                    rtol=1e-5, atol=1e-4)  # fmt: skip
 
 
+def test_real_slices_with_burn_in() -> None:
+    """R2D2's layout: ``[S, burn_in + slice_len]`` sequences, left-aligned (burn-in, training
+    steps, padding). Every real step (burn-in ones too) gets its slice's targets."""
+    sampler = SliceSampler(slice_len=5, burn_in=3, strict_length=False, seed=1,
+                           as_sequences=True)  # fmt: skip
+    rb = ReplayBuffer(sampler=sampler, batch_size=12 * 5)
+    for batch in _real_chunks(set_truncated=False):
+        rb.extend(batch)
+    sample = rb.sample()
+    assert sample.batch_size == (12, 8) and sample["collector", "burn_in"].any()
+    assert not sample[MASK].all()  # some slices are shorter than the width: padding
+    v, nv = _value_fn(sample["observation"]), _value_fn(sample["next", "observation"])
+    log_mu = -0.1 * sample["observation"][..., 0].abs()
+    log_pi = -0.2 * sample["observation"][..., 1].abs()
+    adv, _ = T.gae(sample, v, nv, gamma=0.9, lmbda=0.8)
+    pg, vs = T.vtrace(sample, v, nv, log_pi=log_pi, log_mu=log_mu, gamma=0.9)
+    ret = T.retrace(sample, v, nv, log_pi=log_pi, log_mu=log_mu, gamma=0.9, lmbda=0.8)
+    for j in range(12):
+        real = sample[MASK][j]
+        row = sample[j][real]
+        kind = "terminated" if row[TERMINATED][-1].item() else "cut"
+        seg = Segment(row[REWARD].squeeze(-1).tolist(), v[j][real].tolist(),
+                      nv[j][real].tolist(), kind, log_pi[j][real].tolist(),
+                      log_mu[j][real].tolist())  # fmt: skip
+        want = [ref_gae(seg, 0.9, 0.8)[0], *ref_vtrace(seg, 0.9, 1.0, 1.0),
+                ref_retrace(seg, 0.9, 0.8, 1.0)]  # fmt: skip
+        for got, ref in zip((adv, pg, vs, ret), want, strict=True):
+            torch.testing.assert_close(got[j][real].squeeze(-1).double(),
+                                       torch.tensor(ref, dtype=torch.float64),
+                                       rtol=1e-5, atol=1e-4)  # fmt: skip
+            assert (got[j][~real] == 0).all()
+
+
 # --------------------------------------------------------------------------- TorchRL
 
 
