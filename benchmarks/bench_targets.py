@@ -1,6 +1,8 @@
 """Value targets on collector chunks: splice.targets vs rlox 1.2.0 vs TorchRL 0.14.1 vs a loop.
 
-Run: ``python -m benchmarks.bench_targets [--quick]``.
+Run: ``python -m benchmarks.bench_targets [--quick] [--cpu-time]``. ``--cpu-time`` times in
+CPU time of the process (``time.process_time``, every thread of it: rlox's GAE runs on a
+thread pool), which leaves out the time other processes take from a busy machine.
 
 Data: ``[16, 2048]`` float32 chunks (``splice.testing.synthetic_rollout``: geometric episode
 lengths of mean 20, 200 and 2,000 steps, a fifth of the ends truncations, the last episode of
@@ -15,14 +17,21 @@ round-robin in one process with one torch thread:
   arrays prepared outside the timing. rlox reads **one** done flag: a truncation is treated
   as a termination (no bootstrap), so it agrees with splice only on the episodes that end by
   termination or at the chunk's edge (checked before timing);
-* **TorchRL**: ``vec_generalized_advantage_estimate`` / ``vec_td_lambda_return_estimate``
-  (its vectorised versions) and ``vtrace_advantage_estimate`` on the same tensors;
+* **TorchRL**: ``vec_generalized_advantage_estimate`` / ``vec_td_lambda_return_estimate`` /
+  ``vec_td1_return_estimate`` (its vectorised versions) and ``vtrace_advantage_estimate`` on
+  the same tensors;
 * **loop**: the plain Python loop over time (CleanRL's form: whole-tensor ops across the 16
   rows at each step) on precomputed TD errors and trace coefficients — the work that is left
   once the flags are read;
 * **raw**: the elementwise part every GAE needs (the TD errors), a lower bound.
 
-Ratios are splice's time over each contender's (below 1: splice is faster).
+Two timings: round-robin (the harness's: a ``gc.collect()`` before each call, and every
+contender in turn, so each call starts with cold caches, as a target computed between two
+network updates does), and back to back for splice and rlox (ten calls in a row: warm
+caches, a tight loop). Ratios are splice's time over each contender's (below 1: splice is
+faster). rlox has no
+TD(λ), discounted or n-step return: their rows compare with rlox's GAE on the same chunk,
+marked "(GAE)". "return" is ``discounted_return`` with ``next_value`` (bootstrapped).
 
 Without ``--quick`` it also measures what the compiled kernels cost: ``import splice``, the
 first target computed in a fresh process with an empty and with a warm kernel cache, and the
@@ -39,11 +48,12 @@ import sys
 import tempfile
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
-from benchmarks._harness import interleaved, load, parser, table
+from benchmarks._harness import Timing, interleaved, load, parser, table
 from splice import targets
 from splice.layout import DONE, REWARD, TERMINATED, TRUNCATED
 from splice.targets import _torch
@@ -53,18 +63,19 @@ warnings.filterwarnings("ignore")
 try:
     from torchrl.objectives.value.functional import (
         vec_generalized_advantage_estimate,
+        vec_td1_return_estimate,
         vec_td_lambda_return_estimate,
         vtrace_advantage_estimate,
     )
 except ImportError:  # pragma: no cover - the bench extra installs torchrl
     vec_generalized_advantage_estimate = vec_td_lambda_return_estimate = None
-    vtrace_advantage_estimate = None
+    vec_td1_return_estimate = vtrace_advantage_estimate = None
 try:
     import rlox
 except ImportError:  # pragma: no cover - the bench extra installs rlox
     rlox = None
 
-GAMMA, LMBDA = 0.99, 0.95
+GAMMA, LMBDA, N = 0.99, 0.95, 5
 
 
 def loop_scan(b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
@@ -82,7 +93,32 @@ def times(ours: float, theirs: float) -> str:
     return f"{ours / theirs:.3f}x" if theirs > 0 else "inf"
 
 
-def case(n_env: int, n_steps: int, mean_len: float, rounds: int) -> list[list[object]]:
+def back_to_back(
+    contenders: dict[str, Callable[[], object]],
+    *,
+    rounds: int,
+    clock: Callable[[], float],
+    calls: int = 10,
+) -> dict[str, Timing]:
+    """Each round, each contender ``calls`` times in a row after an untimed call (caches warm,
+    as in a tight loop); the median over rounds of the time per call."""
+    samples: dict[str, list[float]] = {name: [] for name in contenders}
+    for _ in range(rounds):
+        for name, fn in contenders.items():
+            fn()
+            start = clock()
+            for _ in range(calls):
+                fn()
+            samples[name].append((clock() - start) / calls)
+    return {
+        name: Timing(statistics.median(s), min(s), max(s), rounds) for name, s in samples.items()
+    }
+
+
+def case(
+    n_env: int, n_steps: int, mean_len: float, rounds: int, clock: Callable[[], float]
+) -> tuple[list[list[object]], list[list[object]]]:
+    """The round-robin table's rows and the back-to-back table's (splice and rlox)."""
     batch = synthetic_rollout(n_env, n_steps, mean_len, seed=0)
     gen = torch.Generator().manual_seed(0)
     batch[REWARD] = torch.randn(n_env, n_steps, 1, generator=gen)
@@ -145,6 +181,18 @@ def case(n_env: int, n_steps: int, mean_len: float, rounds: int) -> list[list[ob
     def loop_lambda() -> object:
         return loop_scan(lam_b, GAMMA * LMBDA * c)
 
+    def splice_return() -> object:
+        return targets.discounted_return(batch, next_value, gamma=GAMMA)
+
+    def torchrl_return() -> object:
+        return vec_td1_return_estimate(GAMMA, nv1, batch[REWARD], done, batch[TERMINATED])
+
+    def loop_return() -> object:
+        return loop_scan(reward + GAMMA * (1 - c) * boot, GAMMA * c)
+
+    def splice_n_step() -> object:
+        return targets.n_step_return(batch, next_value, n=N, gamma=GAMMA)
+
     def splice_vtrace() -> object:
         return targets.vtrace(batch, value, next_value, log_pi=log_pi, gamma=GAMMA)
 
@@ -190,8 +238,12 @@ def case(n_env: int, n_steps: int, mean_len: float, rounds: int) -> list[list[ob
     torch.testing.assert_close(adv, loop_gae(), **close)
     torch.testing.assert_close(lam, loop_lambda(), **close)
     torch.testing.assert_close((pg, vs), loop_vtrace(), **close)
+    ret = splice_return().squeeze(-1)
+    torch.testing.assert_close(ret, loop_return(), **close)
     gae_group = {"splice": splice_gae, "loop": loop_gae, "raw": raw_gae}
     lambda_group = {"splice": splice_lambda, "loop": loop_lambda}
+    return_group = {"splice": splice_return, "loop": loop_return}
+    n_step_group = {"splice": splice_n_step}
     vtrace_group = {"splice": splice_vtrace, "loop": loop_vtrace}
     if rlox is not None:
         truncated_end = batch[TRUNCATED].squeeze(-1) & ~term
@@ -207,15 +259,20 @@ def case(n_env: int, n_steps: int, mean_len: float, rounds: int) -> list[list[ob
     if vec_generalized_advantage_estimate is not None:
         torch.testing.assert_close(adv, torchrl_gae()[0].squeeze(-1), **close)
         torch.testing.assert_close(lam, torchrl_lambda().squeeze(-1), **close)
+        torch.testing.assert_close(ret, torchrl_return().squeeze(-1), **close)
+        return_group["TorchRL"] = torchrl_return
         theirs = tuple(x.squeeze(-1) for x in torchrl_vtrace())
         torch.testing.assert_close((pg, vs), theirs, **close)
         gae_group["TorchRL"], lambda_group["TorchRL"] = torchrl_gae, torchrl_lambda
         vtrace_group["TorchRL"] = torchrl_vtrace
 
-    rows = []
+    rows, warm_rows = [], []
     label = f"[{n_env}, {n_steps}] mean {mean_len:g}"
-    for name, group in (("GAE", gae_group), ("TD(λ)", lambda_group), ("V-trace", vtrace_group)):
-        t = interleaved(group, rounds=rounds)
+    rlox_gae_time = rlox_gae_warm = None
+    groups = (("GAE", gae_group), ("TD(λ)", lambda_group), ("return", return_group),
+              (f"n-step (n={N})", n_step_group), ("V-trace", vtrace_group))  # fmt: skip
+    for name, group in groups:
+        t = interleaved(group, rounds=rounds, clock=clock)
         ours = t["splice"].median
 
         def cell(who: str, t: dict = t) -> str:
@@ -224,6 +281,11 @@ def case(n_env: int, n_steps: int, mean_len: float, rounds: int) -> list[list[ob
         def rel(who: str, t: dict = t, ours: float = ours) -> str:
             return times(ours, t[who].median) if who in t else "n/a"
 
+        if "rlox" in t and name == "GAE":
+            rlox_gae_time = t["rlox"].median
+        vs_rlox = rel("rlox")
+        if "rlox" not in t and rlox_gae_time is not None:  # rlox has no such target
+            vs_rlox = f"{times(ours, rlox_gae_time)} (GAE)"
         rows.append(
             [
                 f"{name} {label}",
@@ -232,12 +294,25 @@ def case(n_env: int, n_steps: int, mean_len: float, rounds: int) -> list[list[ob
                 cell("TorchRL"),
                 cell("loop"),
                 cell("raw") if "raw" in t else "",
-                rel("rlox"),
+                vs_rlox,
                 rel("TorchRL"),
                 rel("loop"),
             ]
         )
-    return rows
+        warm = back_to_back(
+            {k: f for k, f in group.items() if k in ("splice", "rlox")}, rounds=rounds, clock=clock
+        )
+        if "rlox" in warm and name == "GAE":
+            rlox_gae_warm = warm["rlox"].median
+        if "rlox" in warm:
+            vs_rlox = times(warm["splice"].median, warm["rlox"].median)
+        elif rlox_gae_warm is not None:
+            vs_rlox = f"{times(warm['splice'].median, rlox_gae_warm)} (GAE)"
+        else:
+            vs_rlox = "n/a"
+        rlox_cell = warm["rlox"].ms() if "rlox" in warm else "n/a"
+        warm_rows.append([f"{name} {label}", warm["splice"].ms(), rlox_cell, vs_rlox])
+    return rows, warm_rows
 
 
 # --------------------------------------------------------------------------- costs
@@ -317,16 +392,22 @@ def costs(runs: int) -> list[list[object]]:
 
 
 def main() -> None:
-    args = parser(__doc__.splitlines()[0]).parse_args()
+    p = parser(__doc__.splitlines()[0])
+    p.add_argument("--cpu-time", action="store_true", help="time in CPU time, not wall time")
+    args = p.parse_args()
+    clock = time.process_time if args.cpu_time else time.perf_counter
     torch.set_num_threads(1)
     gc.freeze()  # the timings' gc.collect() skips the imported libraries' objects (~0.4 s each)
     n_env, n_steps = (4, 256) if args.quick else (16, 2048)
     rounds = 3 if args.quick else 15
     started = time.perf_counter()
-    rows = []
+    rows, warm_rows = [], []
     for mean_len in (20.0, 200.0, 2000.0):
-        rows.extend(case(n_env, n_steps, mean_len, rounds))
-    print("## Value targets on a collector chunk (median of round-robin runs)\n")
+        cold, warm = case(n_env, n_steps, mean_len, rounds, clock)
+        rows.extend(cold)
+        warm_rows.extend(warm)
+    what = "CPU time" if args.cpu_time else "wall time"
+    print(f"## Value targets on a collector chunk (median of round-robin runs, {what})\n")
     print(
         table(
             [
@@ -343,6 +424,8 @@ def main() -> None:
             rows,
         )
     )
+    print(f"\n## The same, back to back (10 calls in a row per contender and round, {what})\n")
+    print(table(["targets", "splice", "rlox", "splice / rlox"], warm_rows))
     print(f"\n{load()}; {time.perf_counter() - started:.0f} s")
     if not args.quick:
         print("\n## What the compiled kernels cost (fresh processes, median of 5)\n")

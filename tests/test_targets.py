@@ -862,6 +862,10 @@ def test_dtypes_strides_and_both_paths() -> None:
     with on_path("torch"):
         for a, b in zip(base, every(td, v, nv, lp), strict=True):
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    for path in PATHS:  # targets are constants, also from values that carry a gradient
+        with on_path(path):
+            grads = every(td, *(x.clone().requires_grad_() for x in (v, nv, lp)))
+        assert not any(x.requires_grad for x in grads)
     for i, (a, b) in enumerate(zip(base, every(td, v.double(), nv.double(), lp), strict=True)):
         assert b.dtype == (torch.float32 if i == 4 else torch.float64)  # 4: rewards only
         torch.testing.assert_close(a.double(), b.double(), rtol=1e-5, atol=1e-5)

@@ -75,5 +75,10 @@ def for_device(device: torch.device) -> Backend:
     The CPU one is imported on first use, so ``import splice`` does not import numba.
     """
     name = "_cpu" if device.type == "cpu" else "_torch"
-    module: Backend = importlib.import_module(f"splice.targets.{name}")  # type: ignore[assignment]
-    return module
+    backend = _loaded.get(name)
+    if backend is None:
+        backend = _loaded[name] = importlib.import_module(f"splice.targets.{name}")  # type: ignore[assignment]
+    return backend
+
+
+_loaded: dict[str, Backend] = {}

@@ -87,7 +87,8 @@ class Rows:
 
     def output(self, x: Tensor, dtype: torch.dtype) -> Tensor:
         """A ``[rows, T]`` result as ``[*batch, 1]`` in ``dtype``."""
-        return x.view(*self.batch, 1).to(dtype)
+        x = x.view(*self.batch, 1)
+        return x if x.dtype == dtype else x.to(dtype)
 
 
 def read(td: TensorDictBase, keys: TargetKeys) -> Rows:

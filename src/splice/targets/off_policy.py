@@ -8,7 +8,6 @@ and follow the same end rules as the other targets.
 
 from __future__ import annotations
 
-import torch
 from tensordict import TensorDictBase
 from torch import Tensor
 
@@ -112,18 +111,17 @@ def vtrace(
     nv = tensor(td, rows, next_value, keys.next_value, "next_value")
     lp, lm = _log_probs(td, rows, keys, log_pi, log_mu, log_rho)
     dtype, work = work_dtype(v, nv, *([lp] if lm is None else [lp, lm]))
-    with torch.no_grad():
-        advantage, value_target = _backend.for_device(rows.device).vtrace(
-            rows,
-            rows.reward.to(work),
-            v.to(work),
-            nv.to(work),
-            lp.to(work),
-            None if lm is None else lm.to(work),
-            gamma,
-            rho_thresh,
-            c_thresh,
-        )
+    advantage, value_target = _backend.for_device(rows.device).vtrace(
+        rows,
+        rows.reward.to(work),
+        v.to(work),
+        nv.to(work),
+        lp.to(work),
+        None if lm is None else lm.to(work),
+        gamma,
+        rho_thresh,
+        c_thresh,
+    )
     return rows.output(advantage, dtype), rows.output(value_target, dtype)
 
 
@@ -209,18 +207,17 @@ def retrace(
     nv = tensor(td, rows, next_value, keys.next_value, "next_value")
     lp, lm = _log_probs(td, rows, keys, log_pi, log_mu, log_rho)
     dtype, work = work_dtype(q, nv, *([lp] if lm is None else [lp, lm]))
-    with torch.no_grad():
-        out = _backend.for_device(rows.device).retrace(
-            rows,
-            rows.reward.to(work),
-            q.to(work),
-            nv.to(work),
-            lp.to(work),
-            None if lm is None else lm.to(work),
-            gamma,
-            lmbda,
-            c_thresh,
-        )
+    out = _backend.for_device(rows.device).retrace(
+        rows,
+        rows.reward.to(work),
+        q.to(work),
+        nv.to(work),
+        lp.to(work),
+        None if lm is None else lm.to(work),
+        gamma,
+        lmbda,
+        c_thresh,
+    )
     return rows.output(out, dtype)
 
 

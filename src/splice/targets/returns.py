@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import torch
 from tensordict import TensorDictBase
 from torch import Tensor
 
@@ -88,10 +87,9 @@ def gae(
     v = tensor(td, rows, value, keys.value, "value")
     nv = tensor(td, rows, next_value, keys.next_value, "next_value")
     dtype, work = work_dtype(v, nv)
-    with torch.no_grad():
-        advantage, value_target = _backend.for_device(rows.device).gae(
-            rows, rows.reward.to(work), v.to(work), nv.to(work), gamma, lmbda
-        )
+    advantage, value_target = _backend.for_device(rows.device).gae(
+        rows, rows.reward.to(work), v.to(work), nv.to(work), gamma, lmbda
+    )
     return rows.output(advantage, dtype), rows.output(value_target, dtype)
 
 
@@ -138,10 +136,9 @@ def td_lambda_return(
     rows = read(td, keys)
     nv = tensor(td, rows, next_value, keys.next_value, "next_value")
     dtype, work = work_dtype(nv)
-    with torch.no_grad():
-        out = _backend.for_device(rows.device).td_lambda(
-            rows, rows.reward.to(work), nv.to(work), gamma, lmbda
-        )
+    out = _backend.for_device(rows.device).td_lambda(
+        rows, rows.reward.to(work), nv.to(work), gamma, lmbda
+    )
     return rows.output(out, dtype)
 
 
@@ -188,8 +185,7 @@ def discounted_return(
     if next_value is None and td.get(keys.next_value, None) is None:
         reward = rows.reward
         dtype, work = work_dtype(reward if reward.is_floating_point() else reward.float())
-        with torch.no_grad():
-            out = _backend.for_device(rows.device).reward_to_go(rows, reward.to(work), gamma)
+        out = _backend.for_device(rows.device).reward_to_go(rows, reward.to(work), gamma)
         return rows.output(out, dtype)
     return td_lambda_return(td, next_value, gamma=gamma, lmbda=1.0, keys=keys)
 
@@ -239,8 +235,5 @@ def n_step_return(
     rows = read(td, keys)
     nv = tensor(td, rows, next_value, keys.next_value, "next_value")
     dtype, work = work_dtype(nv)
-    with torch.no_grad():
-        out = _backend.for_device(rows.device).n_step(
-            rows, rows.reward.to(work), nv.to(work), n, gamma
-        )
+    out = _backend.for_device(rows.device).n_step(rows, rows.reward.to(work), nv.to(work), n, gamma)
     return rows.output(out, dtype)
