@@ -201,24 +201,29 @@ def _n_step(flags, reward, next_value, n, gamma, out):
     for k in range(powers.size):
         powers[k] = gamma**k
     gamma_n = gamma**n
-    togo = np.empty(length)  # float64: togo[t] - gamma^n togo[t + n] cancels
+    # reward-to-go inside each segment, in float64: togo[t] - gamma^n togo[t + n] cancels
+    togo, trace = np.empty((rows, length)), np.empty((rows, length))
+    for r in range(rows):
+        rw, c, ok, x, a = reward[r], cont[r], valid[r], togo[r], trace[r]
+        for t in range(length):
+            x[t] = rw[t] if ok[t] else 0.0
+            a[t] = gamma if c[t] else 0.0
+    _scan(togo, trace)
     end = np.empty(length, np.int64)
     for r in range(rows):
-        rw, term, c, ok, nv, o = reward[r], terminated[r], cont[r], valid[r], next_value[r], out[r]
-        run, last = 0.0, length - 1
-        for t in range(length - 1, -1, -1):  # reward-to-go and end of each segment
-            if not c[t]:
-                run, last = 0.0, t
-            run = (rw[t] if ok[t] else 0.0) + gamma * run
-            togo[t], end[t] = run, last
+        term, c, ok, nv, x, o = terminated[r], cont[r], valid[r], next_value[r], togo[r], out[r]
+        last = length - 1
+        for t in range(length - 1, -1, -1):  # the last step of each step's segment
+            last = last if c[t] else t
+            end[t] = last
         for t in range(length):
             if not ok[t]:
                 o[t] = 0.0
                 continue
             if t + n <= end[t]:  # n rewards, then the bootstrap of step t + n - 1
-                total, used = togo[t] - gamma_n * togo[t + n], t + n - 1
+                total, used = x[t] - gamma_n * x[t + n], t + n - 1
             else:  # the segment ends first
-                total, used = togo[t], end[t]
+                total, used = x[t], end[t]
             boot = 0.0 if term[used] else nv[used]
             o[t] = total + powers[used - t + 1] * boot
 
