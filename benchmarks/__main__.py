@@ -9,6 +9,7 @@ from __future__ import annotations
 import sys
 
 from benchmarks import (
+    bench_agents,
     bench_collector,
     bench_dedup,
     bench_envs,
@@ -26,6 +27,7 @@ for name, module in [
     ("targets", bench_targets),
     ("envs", bench_envs),
     ("parallel", bench_parallel),
+    ("agents", bench_agents),
 ]:
     print(f"\n# {name}\n", flush=True)
     sys.argv = [f"benchmarks.bench_{name}", *sys.argv[1:]]

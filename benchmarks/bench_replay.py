@@ -509,6 +509,7 @@ def bench_extend_phases(capacity: int, chunks: list[TensorDict]) -> list[list[ob
     copies), "index" (``ReplayIndex.write_plan``), "sampler" (``on_write``), and the rest
     ("bookkeeping": commit state, returned rows, lock). The raw numpy copy of the same
     batches, per batch, is measured in the same run."""
+    from splice.replay import _write as write_module
     from splice.replay import buffer as buffer_module
     from splice.replay.index import ReplayIndex
 
@@ -516,8 +517,8 @@ def bench_extend_phases(capacity: int, chunks: list[TensorDict]) -> list[list[ob
     spent: dict[str, int] = {}
     patches = [
         (buffer_module.ReplayBuffer, "extend", "total"),
-        (buffer_module.ReplayBuffer, "_stage", "outside the lock"),
-        (buffer_module, "_layout", "keys + plan"),
+        (write_module.Writer, "prepare", "outside the lock"),
+        (write_module, "place", "keys + plan"),
         (LazyTensorStorage, "write", "copy"),
         (ReplayIndex, "write_plan", "index"),
         (SliceSampler, "on_write", "sampler"),
@@ -565,7 +566,107 @@ def bench_extend_phases(capacity: int, chunks: list[TensorDict]) -> list[list[ob
     return rows
 
 
-SECTIONS = ("extend", "phases", "sample", "loop", "prioritized", "concurrent")
+#: Context steps before each slice in the ``context`` section, and the keys read there.
+CONTEXT = 48
+CONTEXT_KEYS = ("observation", "action", ("next", "reward"))
+
+
+class RawWindows:
+    """The raw limit of a window sample: precomputed window starts (every ``width`` steps in
+    one trajectory: no masking, no boundary bookkeeping) and bare gathers of every key, or of
+    ``keys`` at every column and the other keys at the last ``train`` columns."""
+
+    def __init__(self, raw: RawStore, ids: torch.Tensor, width: int) -> None:
+        self.raw, self.width = raw, width
+        same = ids[width - 1 :] == ids[: -(width - 1)]
+        self.starts = same.nonzero().squeeze(1)
+
+    def gather(self, train: int, keys: tuple | None) -> dict:
+        pick = torch.randint(self.starts.numel(), (SLICES,), generator=self.raw.gen)
+        idx = self.starts[pick][:, None] + torch.arange(self.width)
+        every, tail = idx.reshape(-1), idx[:, self.width - train :].reshape(-1)
+        return {
+            k: v.index_select(0, every if keys is None or k in keys else tail)
+            for k, v in self.raw.cols.items()
+        }
+
+
+def bench_context(capacity: int, rounds: int) -> list[list[object]]:
+    """Slices of 16 training steps with the ``CONTEXT`` steps before each (32 slices, a
+    transformer's context), on a stream with longer episodes (mean 200). The nearest peer is
+    TorchRL's SliceSampler drawing the whole window as one longer slice (no mask before the
+    episode start: it draws only trajectories of at least that length); the raw limits are
+    bare gathers of precomputed windows. Scaling: the same with 5x the context."""
+    data = cartpole_stream(capacity, 200.0, seed=2)
+    chunks = list(data.split(CHUNK))
+    ids = data[("collector", "traj_ids")][-capacity:]
+    raw = RawStore(capacity, chunks[0])
+    fill(raw, chunks)
+    keys = CONTEXT_KEYS
+
+    def context(k: int, align: str, with_keys: bool) -> SliceSampler:
+        return SliceSampler(
+            slice_len=SLICE_LEN,
+            burn_in=k,
+            burn_in_align=align,
+            burn_in_keys=list(CONTEXT_KEYS) if with_keys else None,
+            as_sequences=True,
+            seed=0,
+        )
+
+    long = 5 * CONTEXT
+    bufs = {
+        f"splice, context {CONTEXT} (right), context keys only": context(CONTEXT, "right", True),
+        f"splice, context {CONTEXT} (right), every key": context(CONTEXT, "right", False),
+        f"splice, burn-in {CONTEXT} (left), every key": context(CONTEXT, "left", False),
+        f"splice, slice_len={CONTEXT + SLICE_LEN}, no context": SliceSampler(
+            slice_len=CONTEXT + SLICE_LEN, as_sequences=True, seed=0
+        ),
+        f"splice, context {long} (right), context keys only": context(long, "right", True),
+    }
+    buffers = {}
+    for name, sampler in bufs.items():
+        batch = SLICES * (CONTEXT + SLICE_LEN if "no context" in name else SLICE_LEN)
+        rb = ReplayBuffer(storage=LazyTensorStorage(capacity), sampler=sampler, batch_size=batch)
+        fill(rb, chunks)
+        buffers[name] = rb
+    from torchrl.data import LazyTensorStorage as TLazy
+    from torchrl.data import TensorDictReplayBuffer
+    from torchrl.data.replay_buffers import SliceSampler as TSlice
+
+    torchrl = TensorDictReplayBuffer(
+        storage=TLazy(capacity),
+        sampler=TSlice(slice_len=CONTEXT + SLICE_LEN, end_key=("next", "done")),
+        batch_size=SLICES * (CONTEXT + SLICE_LEN),
+    )
+    fill(torchrl, chunks)
+    windows = {w: RawWindows(raw, ids, w + SLICE_LEN) for w in (CONTEXT, long)}
+    contenders: dict[str, Callable[[], object]] = {
+        name: (lambda rb=rb: [rb.sample() for _ in range(10)]) for name, rb in buffers.items()
+    }
+    contenders[f"TorchRL SliceSampler(slice_len={CONTEXT + SLICE_LEN})"] = lambda: [
+        torchrl.sample() for _ in range(10)
+    ]
+    for w, win in windows.items():
+        contenders[f"raw gather, {w}+{SLICE_LEN} windows, every key"] = lambda win=win: [
+            win.gather(SLICE_LEN, None) for _ in range(10)
+        ]
+        contenders[f"raw gather, {w}+{SLICE_LEN} windows, context keys only"] = lambda win=win: [
+            win.gather(SLICE_LEN, keys) for _ in range(10)
+        ]
+    t = interleaved(contenders, rounds=rounds, warmup=1, clock=CLOCK[0])
+    per = {k: v.median / 10 for k, v in t.items()}
+    peer = per[f"TorchRL SliceSampler(slice_len={CONTEXT + SLICE_LEN})"]
+    rows = []
+    for name, x in per.items():
+        w = long if f" {long} " in name or f"{long}+" in name else CONTEXT
+        every = per[f"raw gather, {w}+{SLICE_LEN} windows, every key"]
+        keyed = per[f"raw gather, {w}+{SLICE_LEN} windows, context keys only"]
+        rows.append([name, f"{x * 1e3:.3f} ms", ratio(peer, x), ratio(x, every), ratio(x, keyed)])
+    return rows
+
+
+SECTIONS = ("extend", "phases", "sample", "context", "loop", "prioritized", "concurrent")
 
 
 def main() -> None:
@@ -636,6 +737,23 @@ def main() -> None:
                     "this / raw slices",
                 ],
                 rows,
+            )
+        )
+    if "context" in sections:
+        print(
+            f"\n## sample with context: {SLICES} slices x ({CONTEXT} + {SLICE_LEN}) steps, "
+            "episodes of mean 200\n"
+        )
+        print(
+            table(
+                [
+                    "contender",
+                    "per sample",
+                    "TorchRL / this",
+                    "this / raw (every key)",
+                    "this / raw (context keys)",
+                ],
+                bench_context(capacity, 2 if args.quick else 11),
             )
         )
     if "loop" in sections:

@@ -9,10 +9,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
+import splice  # noqa: E402  (from src/, put first on the path above)
+
 project = "splice"
 author = "splice developers"
 copyright = "2026, splice developers"
-release = "0.1.0"
+release = splice.__version__
 
 extensions = [
     "sphinx.ext.autodoc",

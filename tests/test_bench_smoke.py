@@ -117,3 +117,14 @@ def test_bench_dedup_quick() -> None:
         assert any(line.startswith(row) for line in lines), row
     assert any(line.startswith("| atari [4, 84, 84] uint8") for line in lines)
     assert any(line.startswith("| minigrid [7, 7, 3] uint8") for line in lines)
+
+
+def test_bench_agents_quick() -> None:
+    lines = run_quick("bench_agents", timeout=300)
+    rows = [
+        line
+        for line in lines
+        if line.startswith("| simple_spread") or line.startswith("| tictactoe")
+    ]
+    assert len(rows) == 8
+    assert all(re.search(r"\d\.\d\dx", row) for row in rows)

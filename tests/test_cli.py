@@ -135,3 +135,31 @@ def test_ppo_refuses_another_task(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert exit_info.value.code == 2
     assert "velocity-masked CartPole-v1 only" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
+
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    import splice
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["--version"])
+    assert exit_.value.code == 0
+    assert capsys.readouterr().out == f"splice {splice.__version__}\n"
+
+
+def test_train_without_the_train_extra_names_the_install_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import importlib.util
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "matplotlib" else find_spec(name, *a),
+    )
+    with pytest.raises(SystemExit) as exit_:
+        main(["train", "--frames", "100", "--output", str(tmp_path)])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert "needs matplotlib" in err and "pip install 'splice-rl[train]'" in err
+    assert not any(tmp_path.iterdir())  # nothing written

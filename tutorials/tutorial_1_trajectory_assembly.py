@@ -32,8 +32,7 @@ a discounted return is; splice installed as described in :doc:`../getting_starte
 # Eight CartPole environments step together. CartPole pays 1 per step until the pole
 # falls, and stops an episode after 500 steps (a time limit). Our policy pushes the cart
 # towards the side the pole falls to, but one action in four goes the other way at
-# random, so episode lengths vary widely. ``SPLICE_DOCS_BUDGET=small`` (the test suite)
-# builds this page with less data and training than ``full`` (the default).
+# random, so episode lengths vary widely.
 
 import itertools
 import os
@@ -47,9 +46,13 @@ from torch import nn
 from splice import Collector, LazyTensorStorage, ReplayBuffer, SliceSampler, targets
 from splice.trajectories import TrajectoryAssembler, split_trajectories
 
-SMALL = os.environ.get("SPLICE_DOCS_BUDGET", "full") == "small"
-TOTAL = 800 * (6 if SMALL else 12)  # steps to collect: 6 or 12 chunks of [8, 100]
+TOTAL = 800 * 12  # steps to collect: 12 chunks of [8, 100]
+UPDATES = 500  # gradient steps of the training run (section 7)
 GAMMA = 0.98  # the discount
+# sphinx_gallery_start_ignore
+if os.environ.get("SPLICE_DOCS_BUDGET") == "small":  # the test suite's quick build
+    TOTAL, UPDATES = 800 * 6, 200
+# sphinx_gallery_end_ignore
 torch.manual_seed(0)
 torch.set_num_threads(1)  # small networks run fastest on one CPU thread
 
@@ -242,7 +245,7 @@ pieces.batch_size, real_steps.shape  # the chunk's 800 steps, grouped by traject
 # size), with a nested mask. We compare both on all the chunks, each episode one row
 # (times: the best of five runs, measured when this page was built).
 
-stacked = torch.cat(chunks)  # all the chunks as rows: [48 or 96, 100]
+stacked = torch.cat(chunks)  # all the chunks as rows: [96, 100]
 
 
 def megabytes(td):
@@ -288,6 +291,50 @@ flags = [("next", "terminated"), ("next", "truncated"), ("collector", "cut")]
 {flag: int(stacked[flag].sum()) for flag in flags}  # steps that carry each flag
 
 # %%
+# No episode reached the time limit here. To see every kind of ending side by side, we
+# collect one more chunk with a limit of 60 steps, twice: as above, and with
+# ``set_truncated=True``, TorchRL's option that also marks a cut step ``truncated`` and
+# ``done``. :func:`~splice.split_trajectories` gives one row per piece; we read each
+# piece's last real step and show one piece of each kind:
+
+
+def last_steps(chunk):  # the last real step of every piece of trajectory in a chunk
+    pieces = split_trajectories(chunk)
+    return pieces[torch.arange(len(pieces)), pieces["collector", "mask"].sum(1) - 1]
+
+
+keys = [("next", "done"), ("next", "terminated"), ("next", "truncated")]
+keys.append(("collector", "cut"))
+last = {}  # set_truncated -> [pieces, 4]: done, terminated, truncated, cut
+for set_truncated in (False, True):
+    one_chunk = Collector(
+        "CartPole-v1", policy, num_envs=8, frames_per_batch=800, total_frames=800, seed=3,
+        env_kwargs={"max_episode_steps": 60}, set_truncated=set_truncated,
+    )  # fmt: skip
+    ends = last_steps(next(iter(one_chunk)))
+    columns = [ends[k].reshape(len(ends), -1)[:, 0] for k in keys]  # [pieces] each
+    last[set_truncated] = torch.stack(columns, 1)
+done, terminated, truncated, cut = last[False].T
+kinds = {  # the first piece of each kind
+    "the pole fell": last[False][terminated][0],
+    "time limit": last[False][truncated & ~cut][0],
+    "cut by the chunk's edge": last[False][cut][0],
+    "cut, with set_truncated=True": last[True][last[True][:, 3]][0],
+}
+# sphinx_gallery_start_ignore
+assert {k: v.tolist() for k, v in kinds.items()} == {"the pole fell": [True, True, False, False], "time limit": [True, False, True, False], "cut by the chunk's edge": [False, False, False, True], "cut, with set_truncated=True": [True, False, True, True]}  # fmt: skip
+assert not stacked["next", "truncated"].any()  # "no episode reached the time limit"
+table({k: dict(zip(["done", "terminated", "truncated", "cut"], v.tolist(), strict=True)) for k, v in kinds.items()})  # fmt: skip
+# sphinx_gallery_end_ignore
+
+# %%
+# A piece the chunk's edge cut ends with ``cut`` and nothing else: its episode did not
+# end, so its last step is not ``done``, and the episode goes on in the next chunk under
+# the same id. With ``set_truncated=True`` (for code written for TorchRL, which
+# bootstraps wherever ``truncated`` is set) the same step is ``truncated`` and ``done``
+# too, and ``cut`` still tells it from a real time limit, which is ``truncated`` without
+# ``cut``. Only the pole falling is ``terminated``.
+#
 # **The last value of a cut trajectory.** A chunk cannot know the rewards after its edge,
 # but it has the state they start from: the target at a cut step bootstraps from its
 # value, :math:`r + \gamma V(s')` with :math:`s'` the step's ``("next", "observation")``,
@@ -382,7 +429,7 @@ collector = Collector(  # the thread stops by itself after 40 chunks
 collector.start()
 while len(rb) == 0:  # wait for the first chunk
     time.sleep(0.01)
-for _ in range(200 if SMALL else 500):
+for _ in range(UPDATES):
     data = rb.sample()  # up to 16 slices of 16 steps
     loss = 0
     for name, critic in critics.items():

@@ -15,7 +15,7 @@ wrong, and popular implementations do get them wrong:
    after it.
 3. **V(t) for V(t+1).** A time-out bootstraps from the value of the step's own
    observation instead of the observation the episode ended in (rl_games#128; the same
-   approximation in Sample Factory and in rsl_rl, rsl_rl#20 and #151).
+   approximation in Sample Factory and in rsl_rl, rsl_rl#20 and rsl_rl#151).
 
 This tutorial collects real CartPole data, computes the *true* value of every state, and
 measures how far each mistake moves the value targets from it — next to

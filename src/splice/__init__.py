@@ -29,7 +29,12 @@ from splice.replay import (
     SliceSampler,
     SliceSamplerWithoutReplacement,
 )
-from splice.trajectories import TrajectoryAssembler, cat_trajectories, split_trajectories
+from splice.trajectories import (
+    TrajectoryAssembler,
+    attention_mask,
+    cat_trajectories,
+    split_trajectories,
+)
 
 __version__ = "0.1.0"
 
@@ -55,6 +60,7 @@ __all__ = [
     "TrajectoryIds",
     "WorkerError",
     "as_policy",
+    "attention_mask",
     "cat_trajectories",
     "layout",
     "split_trajectories",

@@ -66,7 +66,7 @@ def require_ray() -> Any:
         import ray
     except ImportError:
         raise ImportError(
-            "the Ray backend needs ray, which is not installed: pip install 'splice[ray]'"
+            "the Ray backend needs ray, which is not installed: pip install 'splice-rl[ray]'"
         ) from None
     return ray
 

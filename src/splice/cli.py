@@ -5,25 +5,34 @@ velocity-masked CartPole or, with ``--env ID``, on any gymnasium env id with dis
 (``popgym-RepeatFirstEasy-v0``, ``Acrobot-v1``, ...); ``--algo ppo`` runs the recurrent PPO
 of :mod:`splice.examples.ppo` (velocity-masked CartPole only).
 
+``splice --version`` prints the installed version.
+
 Examples:
     >>> from splice.cli import build_parser
     >>> args = build_parser().parse_args(["train", "--agent", "mlp", "--frames", "1000"])
     >>> args.agent, args.frames, args.seed, args.env, args.mask_velocity
     ('mlp', 1000, 0, 'CartPole-v1', None)
+    >>> print(build_parser().format_usage().strip())
+    usage: splice [-h] [--version] {train} ...
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 from pathlib import Path
 
+from splice import __version__
 from splice.collectors._progress import make_bar
 from splice.examples.ppo import PPOConfig
 from splice.examples.r2d2 import AGENTS, R2D2Config, TrainResult
 from splice.examples.tasks import MASKABLE
 
 __all__ = ["build_parser", "main"]
+
+#: What ``splice train`` imports besides the core (the ``train`` extra): progress bar, figures.
+_TRAIN_EXTRA = ("tqdm", "matplotlib")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -32,6 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="splice", description="splice: whole, correct RL trajectories."
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
     train = commands.add_parser(
         "train",
@@ -117,6 +127,12 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``splice`` console script."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    missing = [name for name in _TRAIN_EXTRA if importlib.util.find_spec(name) is None]
+    if missing:
+        parser.error(
+            f"splice train needs {' and '.join(missing)}, which the core install leaves out: "
+            "pip install 'splice-rl[train]'"
+        )
     given = {
         "total_frames": args.frames,
         "time_limit": args.time_limit,

@@ -54,13 +54,7 @@ __all__ = [
     "KeySpec",
     "LayoutError",
     "TrajFormat",
-    "all_leaves",
-    "as_key_tuple",
-    "check_traj_format",
     "check_trajectory_ids",
-    "fmt_key",
-    "is_integer_dtype",
-    "tensor_leaves",
     "validate_batch",
 ]
 

@@ -211,7 +211,7 @@ def test_unsupported_spaces():
 
 def test_progress_without_tqdm(monkeypatch):
     monkeypatch.setitem(sys.modules, "tqdm", None)
-    with pytest.raises(ImportError, match=r"splice\[progress\]"):
+    with pytest.raises(ImportError, match=r"splice-rl\[progress\]"):
         Collector(counting_vec([3]), frames_per_batch=4, progress=True)
 
 

@@ -9,7 +9,7 @@ from gymnasium.vector import AutoresetMode
 from tensordict import TensorDict
 
 from splice import Collector, TrajectoryIds
-from splice.collectors import RolloutLoop
+from splice.collectors.rollout import RolloutLoop
 from splice.envs import make_adapter
 from splice.testing import counting_vec
 

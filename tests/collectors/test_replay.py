@@ -177,3 +177,72 @@ def test_prioritized_replay_from_collector_batches() -> None:
     rows = data["index"][data[MASK]]
     rb.update_priority(rows, torch.full((rows.numel(),), 5.0))
     assert_slices_are_clean(rb.sample())
+
+
+class MemoryPolicy(torch.nn.Module):
+    """A policy that stores per-step "memory" with each step: its two layers' activations
+    (what a TrXL-style agent keeps as episodic memory), 128 bytes per step."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = torch.nn.ModuleList([torch.nn.Linear(4, 16), torch.nn.Linear(16, 16)])
+        self.head = torch.nn.Linear(16, 2)
+
+    def memory(self, obs: torch.Tensor) -> torch.Tensor:
+        out, x = [], obs
+        with torch.no_grad():
+            for layer in self.layers:
+                x = torch.tanh(layer(x))
+                out.append(x)
+        return torch.stack(out, -2)
+
+    def forward(self, td: TensorDictBase) -> TensorDictBase:
+        memory = self.memory(td["observation"])
+        td["memory"] = memory
+        with torch.no_grad():
+            td["action"] = self.head(memory[..., -1, :]).argmax(-1)
+        return td
+
+
+def test_per_step_memory_written_by_a_policy_is_windowed_as_context() -> None:
+    """A policy's per-step entry is stored like any key and served as a transformer's
+    context: every window holds, for every real column, the memory the policy computed at
+    that step (checked against the stored observation), the steps of one episode only, and
+    fewer than K context steps only where the episode starts or its older steps were
+    overwritten."""
+    K, L = 12, 8
+    rb = ReplayBuffer(
+        storage=LazyTensorStorage(1_000),  # 2,000 frames: the ring wraps
+        sampler=SliceSampler(
+            slice_len=L,
+            burn_in=K,
+            burn_in_align="right",
+            burn_in_keys=["memory"],
+            strict_length=False,
+            as_sequences=True,
+            seed=0,
+        ),
+        batch_size=16 * L,
+    )
+    torch.manual_seed(0)
+    policy = MemoryPolicy()
+    env = gym.make_vec("CartPole-v1", num_envs=4, vectorization_mode="sync")
+    with Collector(env, policy, frames_per_batch=200, total_frames=2_000, replay_buffer=rb) as c:
+        for _ in c:
+            pass
+    for _ in range(3):
+        data, info = rb.sample(return_info=True)
+        real, burn = data[MASK], data["collector", "burn_in"]
+        assert bool(real[:, K].all())  # every slice's first training step at column K
+        for i in range(data.shape[0]):
+            rows = data["index"][i][real[i]]
+            stored = rb[rows]
+            assert torch.allclose(data["memory"][i][real[i]], policy.memory(stored["observation"]))
+            assert bool((stored[TRAJ_IDS] == stored[TRAJ_IDS][0]).all())
+            b = int(info["burn_in"][i])
+            assert int(burn[i].sum()) == b and bool(burn[i, K - b : K].all())
+            assert not bool(data["observation"][i, :K].any())  # not asked for: zero
+            assert not bool(stored[IS_INIT][1:].any())  # no episode start inside a window
+            if b < K:  # the episode starts there, or its older steps were overwritten
+                oldest = int(rb.index.steps_before(rows[:1].numpy())[0]) == 0
+                assert bool(stored[IS_INIT][0]) or oldest

@@ -591,39 +591,6 @@ def test_huge_priorities_are_refused_and_sampling_goes_on(
         assert np.isfinite(np.asarray(info["priority_weight"])).all()
 
 
-def test_a_batch_staged_before_another_writers_commit_is_keyed_again() -> None:
-    """``extend`` derives the trajectory keys before taking the lock; with end flags they
-    continue the trajectories another writer may have committed meanwhile. The interleaving
-    "stage B, another writer extends C, write B" (what two threads can do) must index B as
-    the in-order writes A, C, B do. (Drives the two halves of ``extend`` directly: the race
-    itself is not reproducible.)"""
-    from splice.replay._batch import Kind
-
-    stream = SyntheticStream(2, 4.0, seed=3)
-    batches = []
-    for _ in range(3):
-        chunk = stream.chunk(6)
-        del chunk["collector", "traj_ids"]  # boundaries from end flags
-        batches.append(chunk)
-    a, b, c = batches
-
-    def buffer() -> ReplayBuffer:
-        return ReplayBuffer(storage=LazyTensorStorage(100), sampler=SliceSampler(slice_len=2))
-
-    raced = buffer()
-    raced.extend(a)
-    staged = raced._stage(b, Kind.TENSORDICT)
-    raced.extend(c)
-    with raced._lock:
-        rows_b = raced._extend(b, Kind.TENSORDICT, staged)
-    ordered = buffer()
-    for batch in (a, c, b):
-        rows = ordered.extend(batch)
-    assert torch.equal(rows_b, rows)
-    for r in range(len(ordered)):
-        assert raced.index.describe(r) == ordered.index.describe(r)
-
-
 def test_a_storage_that_overrides_a_durability_hook_gets_every_call() -> None:
     """An extend builds the commit state and the rows for ``stage``/``begin_write``/
     ``commit`` only for a storage that overrides one of them (issue 16: the in-memory

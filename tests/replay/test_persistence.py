@@ -36,6 +36,9 @@ SAMPLERS = {
     "transition": lambda: SliceSampler(slice_len=4, weighting="transition", seed=3),
     "without": lambda: SliceSamplerWithoutReplacement(slice_len=4, seed=3),
     "prioritized": lambda: PrioritizedSliceSampler(alpha=0.8, beta=0.6, slice_len=4, seed=3),
+    "context": lambda: SliceSampler(
+        slice_len=4, seed=3, burn_in=3, burn_in_align="right", burn_in_keys=["g", "observation"]
+    ),
 }
 
 

@@ -34,8 +34,8 @@ from splice.replay import (
     SliceSampler,
     SliceSamplerWithoutReplacement,
 )
-from splice.replay._persist import from_state_dict
-from splice.replay._validate import Source, check_index, check_snapshot
+from splice.replay._persist import check_snapshot, from_state_dict
+from splice.replay._validate import Source, check_index
 from splice.testing import SyntheticStream
 
 CAPACITY = 60

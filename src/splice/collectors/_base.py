@@ -1,12 +1,12 @@
 """The front end every collector shares, whatever produces its batches.
 
 :class:`CollectorBase` turns a source of ``[B, T]`` batches into what the user iterates over:
-``total_frames`` and the batch count, ``init_random_frames``, ``reset_at_each_iter``,
-``split_trajs``, whole episodes (``trajs_per_batch``, assembled across batches and drained at
-the end of the run), the ``replay_buffer``, background collection (``start()`` and friends), the
-progress bar and episode log, policy weights and the run's state. A subclass only says where
-batches come from: :class:`~splice.Collector` from a :class:`~splice.collectors.RolloutLoop`
-in this process; the multi-process and Ray collectors from their workers.
+``total_frames`` and the batch count, ``init_random_frames``, ``split_trajs``, whole episodes
+(``trajs_per_batch``, assembled across batches and drained at the end of the run), the
+``replay_buffer``, background collection (``start()`` and friends), the progress bar and
+episode log, policy weights and the run's state. A subclass only says where batches come from:
+:class:`~splice.Collector` from a :class:`~splice.collectors.RolloutLoop` in this process; the
+multi-process and Ray collectors from their workers.
 """
 
 from __future__ import annotations
@@ -76,10 +76,8 @@ class CollectorBase(ABC):
             and ``state_dict`` deal with), or ``None``.
         replay_buffer: where every output is also written, or ``None``.
         frames_per_batch: the frames of every batch the source makes (``B * T``).
-        progress: show a progress bar.
-        track_episodes: keep :attr:`episode_log`.
 
-    Subclasses implement :meth:`_collect_one`, :meth:`_reset_envs`, :meth:`_restart`,
+    Subclasses implement :meth:`_collect_one`, :meth:`_restart`,
     :meth:`_close`, :meth:`_sync_weights`, :attr:`num_envs`, :meth:`_ids_state` and
     :meth:`_load_ids_state`; a source with batches in flight (worker processes) also
     overrides :meth:`_finish_in_flight` and :attr:`_policy_in_collection_thread`.
@@ -99,24 +97,22 @@ class CollectorBase(ABC):
         policy: Any,
         replay_buffer: Any,
         frames_per_batch: int,
-        progress: bool,
-        track_episodes: bool,
     ) -> None:
-        if progress:
+        if settings.progress:
             require_tqdm()
         self.policy = policy
         self.frames_per_batch = frames_per_batch
         self.total_frames = settings.total_frames
         self.init_random_frames = settings.init_random_frames
-        self.reset_at_each_iter = settings.reset_at_each_iter
+        self.reset_at_each_iter = settings.loop.reset_at_each_iter
         self.split_trajs = settings.split_trajs
-        self.set_truncated = settings.set_truncated
+        self.set_truncated = settings.loop.set_truncated
         self.trajs_per_batch = settings.trajs_per_batch
         self.traj_format = settings.traj_format
         self.drop_incomplete = settings.drop_incomplete
         self.replay_buffer = replay_buffer
-        self.progress = progress
-        self.track_episodes = progress or track_episodes
+        self.progress = settings.progress
+        self.track_episodes = settings.loop.track_episodes
         #: Where whole episodes are assembled (``trajs_per_batch``), or None.
         self._assembler = self._new_assembler() if self.trajs_per_batch is not None else None
         self._frames = 0
@@ -147,10 +143,6 @@ class CollectorBase(ABC):
     def _collect_one(self, random_actions: bool) -> tuple[TensorDict, np.ndarray]:
         """The next ``[B, T]`` batch, and the returns of the episodes that ended in it (empty
         unless :attr:`track_episodes`)."""
-
-    @abstractmethod
-    def _reset_envs(self) -> None:
-        """Reset every env: the episodes in flight end with a cut (``reset_at_each_iter``)."""
 
     @abstractmethod
     def _restart(self) -> None:
@@ -257,13 +249,12 @@ class CollectorBase(ABC):
         return batch
 
     def _before_collecting(self) -> bool:
-        """What comes before each batch (weights, ``reset_at_each_iter``); returns whether
-        the batch uses random actions (``init_random_frames``)."""
+        """What comes before each batch (weights); returns whether the batch uses random
+        actions (``init_random_frames``). ``reset_at_each_iter`` is the loop's own
+        (:class:`~splice.collectors.LoopOptions`)."""
         if self._closed:
             raise RuntimeError("the collector is shut down")
         self._apply_pending_weights()
-        if self.reset_at_each_iter and self._batches > 0:
-            self._reset_envs()
         return self._frames < self.init_random_frames
 
     def _count_collected(self, frames: int, returns: np.ndarray) -> None:

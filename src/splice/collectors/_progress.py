@@ -21,7 +21,7 @@ def require_tqdm() -> Any:
         from tqdm import tqdm
     except ImportError:
         raise ImportError(
-            "progress=True needs tqdm, which is not installed: pip install 'splice[progress]' "
+            "progress=True needs tqdm, which is not installed: pip install 'splice-rl[progress]' "
             "(or pip install tqdm)"
         ) from None
     return tqdm

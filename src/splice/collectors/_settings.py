@@ -6,10 +6,18 @@ collectors take the same arguments and check them with the same code. Each error
 argument: a ``TypeError`` for a value that is not an integer where a count is meant (a bool
 included: ``True`` is not a count), a ``ValueError`` for an integer out of range.
 
+The options of the collection loop itself (what each step and batch of one
+:class:`~splice.collectors.RolloutLoop` holds) travel together as one :class:`LoopOptions`
+(``settings.loop``): from the check to the loop in this process, or in each worker's spec to
+the loop in the worker.
+
 Examples:
     >>> settings = CollectorSettings.check(frames_per_batch=100, total_frames=None)
     >>> settings.total_frames, settings.traj_format
     (-1, 'padded')
+    >>> loop = CollectorSettings.check(frames_per_batch=100, progress=True, device="cpu").loop
+    >>> loop.track_episodes, loop.device, loop.max_frames_per_traj
+    (True, device(type='cpu'), None)
     >>> CollectorSettings.check(frames_per_batch=0)
     Traceback (most recent call last):
     ...
@@ -26,6 +34,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 from tensordict.utils import NestedKey
 
 from splice._args import non_negative_int, positive_int, require_int
@@ -33,7 +42,47 @@ from splice.envs.infos import InfoKey, InfoKeysLike, parse_info_keys
 from splice.layout import OBSERVATION, TRAJ_FORMATS, TrajFormat, as_key_tuple
 from splice.policies import as_policy
 
-__all__ = ["CollectorSettings", "positive_int", "require_int"]
+__all__ = ["CollectorSettings", "LoopOptions", "positive_int", "require_int"]
+
+
+@dataclass(frozen=True)
+class LoopOptions:
+    """The options of one collection loop (:class:`~splice.collectors.RolloutLoop`): what
+    its steps and batches hold and where its policy runs. :meth:`CollectorSettings.check`
+    builds them (as :attr:`CollectorSettings.loop`) from a collector's arguments, which
+    document each option; a multi-worker collector sends them to every worker in its spec.
+
+    Args:
+        max_frames_per_traj: truncate episodes at this many steps (``truncated=True``, the env
+            is reset, a new id starts); needs an env that can reset a subset of its envs.
+        set_truncated: also set ``truncated`` and ``done`` on the cut last step of each row
+            (TorchRL's ``set_truncated``); ``("collector", "cut")`` stays True there.
+        reset_at_each_iter: reset every env before each batch but the first (the episodes in
+            flight end with a cut).
+        track_episodes: compute the returns and lengths of the episodes that end in each
+            batch (:attr:`RolloutLoop.episodes <splice.collectors.RolloutLoop.episodes>`).
+        info_keys: the ``info`` entries to store (and show the policy), see
+            :mod:`splice.envs.infos`.
+        exclude_keys: observation keys (full key tuples) to leave out of the data and the
+            policy input.
+        device: where the policy runs (``None``: CPU).
+        storing_device: where batches are returned (``None``: CPU). The multi-worker
+            collectors move their batches there in the caller's process: their workers'
+            loops get ``None``.
+
+    Examples:
+        >>> LoopOptions(max_frames_per_traj=10).set_truncated
+        False
+    """
+
+    max_frames_per_traj: int | None = None
+    set_truncated: bool = False
+    reset_at_each_iter: bool = False
+    track_episodes: bool = False
+    info_keys: tuple[InfoKey, ...] = ()
+    exclude_keys: tuple[tuple[str, ...], ...] = ()
+    device: torch.device | None = None
+    storing_device: torch.device | None = None
 
 
 @dataclass(frozen=True)
@@ -43,16 +92,14 @@ class CollectorSettings:
 
     frames_per_batch: int
     total_frames: int  # -1: no limit
-    max_frames_per_traj: int | None
     init_random_frames: int
-    reset_at_each_iter: bool
     split_trajs: bool
-    set_truncated: bool
     trajs_per_batch: int | None
     traj_format: TrajFormat
     drop_incomplete: bool
-    info_keys: tuple[InfoKey, ...] = ()
-    exclude_keys: tuple[tuple[str, ...], ...] = ()
+    progress: bool
+    #: The options of the collection loop.
+    loop: LoopOptions
 
     @classmethod
     def check(
@@ -73,12 +120,17 @@ class CollectorSettings:
         info_keys: InfoKeysLike | None = None,
         exclude_keys: Sequence[NestedKey] | None = None,
         seed: int | None = None,
+        progress: bool = False,
+        track_episodes: bool = False,
+        device: torch.device | str | None = None,
+        storing_device: torch.device | str | None = None,
     ) -> CollectorSettings:
         """Check the arguments (``replay_buffer``, ``policy`` and ``seed`` too, which are not
         kept) and normalize them: ``total_frames=None`` becomes ``-1`` (no limit),
-        ``init_random_frames=None`` becomes 0, ``traj_format=None`` becomes ``"padded"``,
-        ``info_keys`` a tuple of :class:`~splice.envs.infos.InfoKey` and ``exclude_keys`` a
-        tuple of key tuples.
+        ``init_random_frames=None`` becomes 0, ``traj_format=None`` becomes ``"padded"``;
+        the loop's options (:attr:`loop`) get ``info_keys`` as a tuple of
+        :class:`~splice.envs.infos.InfoKey`, ``exclude_keys`` as a tuple of key tuples, the
+        devices as ``torch.device`` and ``track_episodes`` set by ``progress`` too.
 
         Raises:
             ValueError: a bad value, or arguments that cannot be combined (the message names
@@ -131,19 +183,26 @@ class CollectorSettings:
                 f"got {type(replay_buffer).__name__}"
             )
         as_policy(policy)  # raises the TypeError that lists what is accepted
+        loop = LoopOptions(
+            max_frames_per_traj=max_frames_per_traj,
+            set_truncated=set_truncated,
+            reset_at_each_iter=reset_at_each_iter,
+            track_episodes=progress or track_episodes,
+            info_keys=tuple(parse_info_keys(info_keys)),
+            exclude_keys=_exclude_keys(exclude_keys),
+            device=None if device is None else torch.device(device),
+            storing_device=None if storing_device is None else torch.device(storing_device),
+        )
         return cls(
             frames_per_batch=frames_per_batch,
             total_frames=total,
-            max_frames_per_traj=max_frames_per_traj,
             init_random_frames=random_frames,
-            reset_at_each_iter=reset_at_each_iter,
             split_trajs=split_trajs,
-            set_truncated=set_truncated,
             trajs_per_batch=trajs_per_batch,
             traj_format=traj_format or "padded",
             drop_incomplete=drop_incomplete,
-            info_keys=tuple(parse_info_keys(info_keys)),
-            exclude_keys=_exclude_keys(exclude_keys),
+            progress=progress,
+            loop=loop,
         )
 
 

@@ -46,6 +46,7 @@ from splice.envs import EnvAdapter, StepTargets
 from splice.envs.spaces import OBJECT, Leaf
 from splice.layout import (
     ACTION,
+    CONTRACT,
     CUT,
     DONE,
     IS_INIT,
@@ -55,19 +56,37 @@ from splice.layout import (
     TERMINATED,
     TRAJ_IDS,
     TRUNCATED,
+    as_key_tuple,
 )
 
 __all__ = ["BATCH_KEYS", "FLAG_KEYS", "Span", "Staging", "nested_tensordict", "runs_flat"]
 
 Key = tuple[str, ...]
 
+# Every key, flag and dtype below comes from the data contract (splice.layout.CONTRACT),
+# read once at import: nothing here is looked up per step or per batch.
+_CONTRACT = {as_key_tuple(key): spec for key, spec in CONTRACT.items()}
+#: The dtype a collector writes for each dtype class of the contract (ids int64, as the
+#: contract's ``TRAJ_IDS`` says; rewards float32, TorchRL's).
+_WRITTEN_DTYPES = {
+    "bool": np.dtype(np.bool_),
+    "integer": np.dtype(np.int64),
+    "float": np.dtype(np.float32),
+}
+
+
+def _contract_dtype(key: Key) -> np.dtype[Any]:
+    return _WRITTEN_DTYPES[_CONTRACT[key].dtype]
+
+
 #: The keys of a batch stored with a trailing ``[1]`` dim (the data contract's flags).
-FLAG_KEYS: tuple[Key, ...] = (REWARD, (IS_INIT,), TERMINATED, TRUNCATED, DONE)
+FLAG_KEYS: tuple[Key, ...] = tuple(key for key, spec in _CONTRACT.items() if spec.trailing_one)
+#: The contract's keys staged at every step, by the env adapter (reward, terminated,
+#: truncated) and the loop (``is_init``), in their staging order.
+_STEP_KEYS: tuple[Key, ...] = (REWARD, TERMINATED, TRUNCATED, (IS_INIT,))
 #: The keys of a batch computed when it is copied out (not staged): per-step shape, dtype.
 BATCH_KEYS: dict[Key, tuple[tuple[int, ...], Any]] = {
-    DONE: ((), np.bool_),
-    TRAJ_IDS: ((), np.int64),
-    CUT: ((), np.bool_),
+    key: ((), _contract_dtype(key)) for key in (DONE, TRAJ_IDS, CUT)
 }
 
 
@@ -170,9 +189,8 @@ class Staging:
             for key, leaf in zip(keys, adapter.obs_leaves, strict=True):
                 staging.add(key, leaf.shape, leaf.dtype)
         staging.add_info(adapter.info_leaves)
-        staging.add(REWARD, (), np.dtype(np.float32))
-        for key in (TERMINATED, TRUNCATED, (IS_INIT,)):
-            staging.add(key, (), np.dtype(np.bool_))
+        for key in _STEP_KEYS:
+            staging.add(key, (), _contract_dtype(key))
         staging.add((ACTION,), adapter.act_leaf.shape, adapter.act_leaf.dtype)
         return staging
 

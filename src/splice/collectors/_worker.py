@@ -1,7 +1,7 @@
 """The worker core: what one worker of a multi-worker collector does, whatever runs it.
 
 A :class:`WorkerSpec` is a picklable description of a worker (env factory, policy or policy
-factory, id space, seed, episode settings); :class:`WorkerCore` builds the env adapter, the
+factory, id space, seed, the loop's options); :class:`WorkerCore` builds the env adapter, the
 policy and a :class:`~splice.collectors.RolloutLoop` from it and collects batches on request.
 The core knows nothing about processes, pipes or shared memory: a worker process
 (:mod:`splice.collectors._process`), a Ray actor, or this very process (the ``"inline"``
@@ -27,7 +27,7 @@ from __future__ import annotations
 import os
 import traceback
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import cloudpickle
@@ -35,6 +35,7 @@ import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
 
+from splice.collectors._settings import LoopOptions
 from splice.collectors.ids import TrajectoryIds
 from splice.collectors.rollout import RolloutLoop
 from splice.envs import EnvLike, make_adapter
@@ -90,14 +91,9 @@ class WorkerSpec:
         worker_id: the trajectory id space of the worker (see :mod:`splice.collectors.ids`).
         seed: seeds the worker's first env reset and its random actions, or ``None``.
         torch_seed: seeds torch's global RNG in the worker's process (its policy's sampling).
-        max_frames_per_traj: see :class:`~splice.collectors.RolloutLoop`.
-        set_truncated: see :class:`~splice.collectors.RolloutLoop`.
-        reset_at_each_iter: reset every env before each batch but the first.
-        device: where the policy runs.
-        track_episodes: report the returns of the episodes that end in each batch.
+        loop: the options of the worker's :class:`~splice.collectors.RolloutLoop`
+            (``loop.device`` is also where the worker moves an ``nn.Module`` policy).
         num_threads: torch intra-op threads in the worker's process.
-        info_keys: the ``info`` entries to store (see :class:`~splice.collectors.RolloutLoop`).
-        exclude_keys: observation keys to leave out (see :class:`~splice.collectors.RolloutLoop`).
     """
 
     index: int
@@ -109,14 +105,8 @@ class WorkerSpec:
     worker_id: int = 0
     seed: int | None = None
     torch_seed: int | None = None
-    max_frames_per_traj: int | None = None
-    set_truncated: bool = False
-    reset_at_each_iter: bool = False
-    device: str | None = None
-    track_episodes: bool = False
+    loop: LoopOptions = field(default_factory=LoopOptions)
     num_threads: int = 1
-    info_keys: Any = None
-    exclude_keys: Any = None
 
 
 @dataclass(frozen=True)
@@ -187,8 +177,9 @@ class WorkerCore:
                     f"the policy of worker {spec.index} is a {type(policy).__name__}, not a "
                     "callable td -> td"
                 )
-            if isinstance(policy, torch.nn.Module) and spec.device is not None:
-                policy = policy.to(spec.device)
+            device = spec.loop.device
+            if isinstance(policy, torch.nn.Module) and device is not None:
+                policy = policy.to(device)
             self.policy = policy
             self._weights = policy_weights(policy)
             self.ids = TrajectoryIds(spec.worker_id)
@@ -199,23 +190,16 @@ class WorkerCore:
         self.loop: RolloutLoop | None = None
         #: Frames collected so far.
         self.frames = 0
-        self._batches = 0
 
     def configure(self, steps: int) -> None:
         """Build the rollout loop for batches of ``steps`` time steps."""
-        spec = self.spec
         self.loop = RolloutLoop(
             self.adapter,
             self.policy,
             steps=steps,
             ids=self.ids,
-            max_frames_per_traj=spec.max_frames_per_traj,
-            set_truncated=spec.set_truncated,
-            seed=spec.seed,
-            device=spec.device,
-            track_episodes=spec.track_episodes,
-            info_keys=spec.info_keys,
-            exclude_keys=spec.exclude_keys,
+            options=self.spec.loop,
+            seed=self.spec.seed,
         )
 
     def collect(self, random_actions: bool) -> tuple[TensorDict, np.ndarray]:
@@ -223,13 +207,9 @@ class WorkerCore:
         episodes that ended in it (empty unless ``track_episodes``)."""
         if self.loop is None:
             raise RuntimeError("configure(steps) must be called before collect()")
-        if self.spec.reset_at_each_iter and self._batches > 0:
-            self.loop.reset_envs()
         batch = self.loop.collect(random_actions=random_actions)
         self.frames += batch.numel()
-        self._batches += 1
-        returns = self.loop.episodes.returns if self.spec.track_episodes else np.zeros(0)
-        return batch, returns
+        return batch, self.loop.episodes.returns
 
     def load_weights(self, weights: TensorDictBase | Mapping[str, Any]) -> None:
         """Copy ``weights`` (a TensorDict like :func:`policy_weights`) into the policy.

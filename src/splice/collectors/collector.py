@@ -92,7 +92,7 @@ class Collector(CollectorBase):
             collectors with different ``worker_id`` never share an id. ``None`` takes the next
             space unused in this process.
         progress: show a progress bar (frames, frames/s, episodes, mean return); needs tqdm
-            (``pip install 'splice[progress]'``).
+            (``pip install 'splice-rl[progress]'``).
         track_episodes: record every finished episode in :attr:`episode_log` (implied by
             ``progress``).
         info_keys: ``info`` entries to store, and to show the policy: a list of keys (``str``,
@@ -178,26 +178,27 @@ class Collector(CollectorBase):
             info_keys=info_keys,
             exclude_keys=exclude_keys,
             seed=seed,
+            progress=progress,
+            track_episodes=track_episodes,
+            device=device,
+            storing_device=storing_device,
         )
         self.adapter = make_adapter(env, num_envs=num_envs, env_kwargs=env_kwargs)
         try:
             b = self.adapter.num_envs
             steps = math.ceil(settings.frames_per_batch / b)
             self.ids = TrajectoryIds(worker_id)
-            loop_type = RolloutLoop if settings.trajs_per_batch is None else WholeEpisodeLoop
+            # Whole episodes stay in staging when each is one run of columns (not so for
+            # turn-based agents: other agents' turns lie inside); else an assembler builds them.
+            staged = settings.trajs_per_batch is not None and self.adapter.contiguous_episodes
+            loop_type = WholeEpisodeLoop if staged else RolloutLoop
             self._loop = loop_type(
                 self.adapter,
                 policy,
                 steps=steps,
                 ids=self.ids,
-                max_frames_per_traj=max_frames_per_traj,
-                set_truncated=set_truncated,
+                options=settings.loop,
                 seed=None if seed is None else int(seed),
-                device=device,
-                storing_device=storing_device,
-                track_episodes=progress or track_episodes,
-                info_keys=settings.info_keys,
-                exclude_keys=settings.exclude_keys,
             )
         except BaseException:
             self.adapter.close()
@@ -207,8 +208,6 @@ class Collector(CollectorBase):
             policy=policy.module if isinstance(policy, ModulePolicy) else policy,
             replay_buffer=replay_buffer,
             frames_per_batch=b * steps,
-            progress=progress,
-            track_episodes=track_episodes,
         )
         self._next_iter: Iterator[TensorDictBase] | None = None  # next()'s iteration
 
@@ -224,17 +223,16 @@ class Collector(CollectorBase):
     def _new_assembler(self) -> EpisodeSource:
         # Whole episodes stay in the loop's staging until emitted: no batch is copied out
         # and into an assembler's pool (see splice.collectors._staged_episodes).
-        assert isinstance(self._loop, WholeEpisodeLoop)
+        if not isinstance(self._loop, WholeEpisodeLoop):
+            return super()._new_assembler()
         return self._loop.episodes_store
 
     def _collect_episodes(self) -> None:
+        if not isinstance(self._loop, WholeEpisodeLoop):
+            return super()._collect_episodes()
         random_actions = self._before_collecting()
-        assert isinstance(self._loop, WholeEpisodeLoop)
         frames = self._loop.collect_episodes(random_actions=random_actions)
         self._count_collected(frames, self._loop.episodes.returns)
-
-    def _reset_envs(self) -> None:
-        self._loop.reset_envs()
 
     def _restart(self) -> None:
         self._loop.restart()

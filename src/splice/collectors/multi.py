@@ -178,6 +178,10 @@ class _MultiCollector(CollectorBase):
             policy=policy,
             info_keys=info_keys,
             exclude_keys=exclude_keys,
+            progress=progress,
+            track_episodes=track_episodes,
+            device=device,
+            storing_device=storing_device,
         )
         factories = _env_factories(create_env_fn, num_workers)
         if policy is not None and policy_factory is not None:
@@ -201,6 +205,8 @@ class _MultiCollector(CollectorBase):
         self.policy_factory = policy_factory
         parent_policy = policy if policy_factory is None else policy_factory()
         weights = policy_weights(parent_policy)
+        # The workers' batches are moved to storing_device here (_copy_out), not in the workers.
+        worker_loop = replace(settings.loop, storing_device=None)
         specs = []
         for i, (factory, space) in enumerate(zip(factories, spaces, strict=True)):
             env_seed, torch_seed = seeds.next()
@@ -215,20 +221,14 @@ class _MultiCollector(CollectorBase):
                     worker_id=space,
                     seed=env_seed,
                     torch_seed=torch_seed,
-                    max_frames_per_traj=max_frames_per_traj,
-                    set_truncated=set_truncated,
-                    reset_at_each_iter=reset_at_each_iter,
-                    device=None if device is None else str(torch.device(device)),
-                    track_episodes=progress or track_episodes,
+                    loop=worker_loop,
                     num_threads=num_sub_threads,
-                    info_keys=settings.info_keys,
-                    exclude_keys=settings.exclude_keys,
                 )
             )
         self.backend = backend
         self.restart_workers = restart_workers
         self.start_timeout = start_timeout
-        self.storing_device = None if storing_device is None else torch.device(storing_device)
+        self.storing_device = settings.loop.storing_device
         #: How many workers failed and were replaced (``restart_workers=True``) ...
         self.restarted_workers = 0
         #: ... and their failures, in order.
@@ -275,8 +275,6 @@ class _MultiCollector(CollectorBase):
                 policy=parent_policy,
                 replay_buffer=replay_buffer,
                 frames_per_batch=batch_frames,
-                progress=progress,
-                track_episodes=track_episodes,
             )
         except BaseException:
             self._pool.close(SHUTDOWN_TIMEOUT)
@@ -427,9 +425,6 @@ class _MultiCollector(CollectorBase):
     def num_envs(self) -> int:
         raise NotImplementedError
 
-    def _reset_envs(self) -> None:
-        pass  # each worker resets its envs before its batches (reset_at_each_iter in its spec)
-
     def _restart(self) -> None:
         self._discard_in_flight()
         for i in range(self.num_workers):
@@ -553,7 +548,7 @@ class MultiSyncCollector(_MultiCollector):
             :mod:`splice.collectors.ids`); by default the next unused spaces of this process.
             Give distinct ones to collectors in different processes or machines.
         backend: ``"process"`` (one process per worker), ``"ray"`` (one Ray actor per
-            worker, on any node of a Ray cluster: needs ``pip install 'splice[ray]'``; see
+            worker, on any node of a Ray cluster: needs ``pip install 'splice-rl[ray]'``; see
             :doc:`/scaling_out`) or ``"inline"`` (every worker in this process, one after
             another: for debugging).
         backend_options: options for the backend (as TorchRL's ``backend_options``); the

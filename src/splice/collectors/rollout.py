@@ -17,23 +17,20 @@ out of staging into fresh tensors, so a yielded batch is never overwritten, and 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import torch
 from tensordict import TensorDict
-from tensordict.utils import NestedKey
 
 from splice._rng import seed_from_torch
 from splice.collectors._episodes import BatchLabeller, EpisodeStats, TimeLimit
 from splice.collectors._policy_step import PolicyStep
-from splice.collectors._settings import positive_int
+from splice.collectors._settings import LoopOptions, positive_int
 from splice.collectors._staging import BATCH_KEYS, FLAG_KEYS, Staging
 from splice.collectors.ids import TrajectoryIds
 from splice.envs import EnvAdapter
 from splice.envs.base import ITEM_ERRORS, item_writer, write_item
-from splice.envs.infos import InfoKeysLike
 from splice.layout import ACTION, IS_INIT, TERMINATED, TRUNCATED, as_key_tuple
 from splice.policies import as_policy
 
@@ -50,31 +47,26 @@ class RolloutLoop:
             TensorDict involved).
         steps: ``T``, the time steps of every batch.
         ids: where trajectory ids come from.
-        max_frames_per_traj: truncate episodes at this many steps (``truncated=True``, the env
-            is reset, a new id starts); needs an env that can reset a subset of its envs.
-        set_truncated: also set ``truncated`` and ``done`` on the cut last step of each row
-            (TorchRL's ``set_truncated``); ``("collector", "cut")`` stays True there.
+        options: the loop's options (:class:`~splice.collectors.LoopOptions`): time limit,
+            ``set_truncated``, ``reset_at_each_iter``, episode statistics, info and excluded
+            keys, devices; ``None``: the defaults.
         seed: seeds the first reset and the random actions.
-        device: where the policy runs (``None``: CPU).
-        storing_device: where batches are returned (``None``: CPU).
-        track_episodes: compute :attr:`episodes` (returns and lengths) for every batch.
-        info_keys: the ``info`` entries to store (and show the policy), see
-            :mod:`splice.envs.infos`.
-        exclude_keys: observation keys to leave out of the data and the policy input.
 
     Raises:
-        ValueError: ``steps < 1``, a bad ``max_frames_per_traj``, or ``max_frames_per_traj``
-            with an env that cannot reset a subset of its envs; a bad ``exclude_keys`` or
+        ValueError: ``steps < 1``, a bad ``options.max_frames_per_traj``, or a time limit with
+            an env that cannot reset a subset of its envs; a bad ``exclude_keys`` or
             ``info_keys`` entry.
         TypeError: a ``policy`` :func:`~splice.policies.as_policy` does not accept.
 
     Examples:
         >>> import gymnasium as gym
+        >>> from splice.collectors._settings import LoopOptions
         >>> from splice.collectors.ids import TrajectoryIds
         >>> from splice.envs import make_adapter
         >>> loop = RolloutLoop(
         ...     make_adapter(gym.make("CartPole-v1")), None, steps=30,
-        ...     ids=TrajectoryIds(worker_id=8), max_frames_per_traj=10, seed=0,
+        ...     ids=TrajectoryIds(worker_id=8), options=LoopOptions(max_frames_per_traj=10),
+        ...     seed=0,
         ... )
         >>> batch = loop.collect()
         >>> batch.batch_size, int(batch["next", "truncated"].sum()) >= 1
@@ -89,33 +81,37 @@ class RolloutLoop:
         *,
         steps: int,
         ids: TrajectoryIds,
-        max_frames_per_traj: int | None = None,
-        set_truncated: bool = False,
+        options: LoopOptions | None = None,
         seed: int | None = None,
-        device: torch.device | str | None = None,
-        storing_device: torch.device | str | None = None,
-        track_episodes: bool = False,
-        info_keys: InfoKeysLike | None = None,
-        exclude_keys: Sequence[NestedKey] | None = None,
     ) -> None:
         positive_int("steps", steps)
-        self._policy = as_policy(policy)
+        options = LoopOptions() if options is None else options
+        wrapped = as_policy(policy)
+        self._policy = None if wrapped is None else adapter.wrap_policy(wrapped)
         adapter.select(
-            exclude_keys=[as_key_tuple(k) for k in exclude_keys or []], info_keys=info_keys
+            exclude_keys=[as_key_tuple(k) for k in options.exclude_keys],
+            info_keys=options.info_keys,
         )
         self.adapter = adapter
         self.steps = steps
         self.ids = ids
-        self.storing_device = None if storing_device is None else torch.device(storing_device)
-        self.track_episodes = track_episodes
+        #: The loop's options.
+        self.options = options
+        self.storing_device = (
+            None if options.storing_device is None else torch.device(options.storing_device)
+        )
+        self.track_episodes = options.track_episodes
         #: The episodes that ended in the last batch (with ``track_episodes``).
         self.episodes = EpisodeStats()
         self._labeller = BatchLabeller(
-            adapter.num_envs, ids, set_truncated=set_truncated, track_episodes=track_episodes
+            adapter.num_envs,
+            ids,
+            set_truncated=options.set_truncated,
+            track_episodes=options.track_episodes,
         )
         self._seed = seed
         self.staging = Staging.for_env(adapter, steps)
-        self._device = device
+        self._device = options.device
         #: Runs the policy; made at the first reset, once the info leaves are known.
         self.policy_step: PolicyStep | None = None
         self._bound_version = -1  # the staging version the adapter writes into
@@ -125,9 +121,8 @@ class RolloutLoop:
         self._started = False
         self._actions_seeded = False
         self._init_now = self._all_init
-        self._limit = (
-            None if max_frames_per_traj is None else TimeLimit(adapter, max_frames_per_traj)
-        )
+        limit = options.max_frames_per_traj
+        self._limit = None if limit is None else TimeLimit(adapter, limit)
 
     # -------------------------------------------------------------------- state
     def restart(self, seed: int | None = None) -> None:
@@ -203,6 +198,8 @@ class RolloutLoop:
         raises)."""
         if not self._started:
             self._start()
+        elif self.options.reset_at_each_iter:
+            self._reset_all(None)  # the episodes in flight end with a cut, new ones start
         self.adapter.check_next = True
         policy_step = self.policy_step
         if policy_step is not None:
@@ -226,10 +223,14 @@ class RolloutLoop:
             target = staging.target()
             c = staging.used
             if c >= target:
-                return
+                if not self._incomplete_in_batch():
+                    return
+                target = c + 1  # a step of the batch awaits its results: one more column
             if target > staging.capacity:
                 self.adapter.detach_obs()  # it may view a staging column that is about to move
+                base = staging.base
                 staging.make_room(target - c)
+                self.adapter.columns_moved(staging.base - base)
                 continue
             if self._bound_version != staging.version:
                 self.adapter.bind(staging.step_targets())
@@ -242,6 +243,15 @@ class RolloutLoop:
                 # Rows that lost steps need more columns (top up). Counted once the planned
                 # columns are done, rather than at every step.
                 staging.pending_dead += staging.count_dead(c, stop)
+
+    def _incomplete_in_batch(self) -> bool:
+        """Whether a step of the next batch still awaits its results (a turn-based agent's
+        step completes at its next turn: :meth:`EnvAdapter.incomplete`)."""
+        waiting = self.adapter.incomplete()
+        if waiting is None:
+            return False
+        rows = np.flatnonzero(waiting >= 0)
+        return bool(rows.size) and bool((waiting[rows] < self.staging.span().stop[rows]).any())
 
     def _run_columns(self, c: int, stop: int, use_random: bool) -> int:
         """The hot loop: steps columns ``[c, stop)``. Writes go into preallocated staging only
@@ -260,6 +270,7 @@ class RolloutLoop:
         sample, env_action = adapter.action_sampler(), adapter.env_action
         env_step = adapter.step_function()
         dead_steps = adapter.dead_steps
+        own_starts = dead_steps and not adapter.dead_step_restarts  # agent slots
         discovering = policy_step is not None and not use_random and not policy_step.discovered
         if discovering:
             stop = min(stop, c + 1)  # the first call reveals the outputs: stored below
@@ -304,7 +315,9 @@ class RolloutLoop:
                 limit.count(None if init_now is no_init else init_now)
             restarted = env_step(env_act, c)
             if dead_steps and restarted is not None:
-                dead[c] = restarted  # a dead reset step: never part of the data
+                dead[c] = restarted  # a dead step: never part of the data
+            if own_starts:
+                restarted = adapter.starting  # dead rows need not restart
             if limit is not None:
                 restarted = limit.apply(restarted, c, term_col, trunc_col)
             init_now = no_init if restarted is None else restarted

@@ -23,13 +23,13 @@ from splice.envs.errors import EnvError, EnvWorkerError
 from splice.envs.gym_env import GymEnvAdapter
 from splice.envs.gym_vector import (
     DisabledVectorAdapter,
-    GymVectorAdapter,
     NextStepVectorAdapter,
     SameStepVectorAdapter,
     autoreset_mode_of,
     refuse_async,
 )
 from splice.envs.infos import EPISODE_STATISTICS, InfoKey
+from splice.envs.pettingzoo import PettingZooEnvs, is_pettingzoo, make_agents_adapter
 
 __all__ = [
     "EPISODE_STATISTICS",
@@ -37,15 +37,17 @@ __all__ = [
     "EnvError",
     "EnvLike",
     "EnvWorkerError",
-    "GymEnvAdapter",
-    "GymVectorAdapter",
     "InfoKey",
+    "PettingZooEnvs",
     "StepTargets",
-    "WorkerWatch",
     "make_adapter",
 ]
 
-EnvLike = gym.Env[Any, Any] | VectorEnv[Any, Any, Any] | Callable[[], Any] | str
+#: What collectors take as ``env`` (see :func:`make_adapter`); PettingZoo envs (and lists of
+#: them) too, typed ``Any`` here as PettingZoo is optional.
+EnvLike = (
+    gym.Env[Any, Any] | VectorEnv[Any, Any, Any] | PettingZooEnvs | Callable[[], Any] | str | Any
+)
 
 
 def make_adapter(
@@ -62,7 +64,10 @@ def make_adapter(
 
     Args:
         env: a ``gymnasium.Env``; a ``gymnasium.vector.VectorEnv`` (any autoreset mode); a
-            zero-argument callable returning either; or an env id string.
+            PettingZoo env, a list of copies, or
+            :class:`~splice.envs.pettingzoo.PettingZooEnvs` (rows are agent slots:
+            :mod:`splice.envs.pettingzoo`); a zero-argument callable returning one of these;
+            or an env id string.
         num_envs: with an env id: ``None`` makes one env (``gymnasium.make``), an int makes a
             vector env (``gymnasium.make_vec`` with its default vectorization mode).
         env_kwargs: keyword arguments for ``gymnasium.make``/``make_vec`` (env id only).
@@ -71,7 +76,8 @@ def make_adapter(
         TypeError: ``env`` is none of the above, ``num_envs``/``env_kwargs`` are given with
             an env object, or ``num_envs`` is not an int (a bool included).
         ValueError: a vector env with an unknown autoreset mode, a non-positive ``num_envs``,
-            or an envpool env in async mode (``batch_size < num_envs``).
+            an envpool env in async mode (``batch_size < num_envs``), or a SuperSuit vector
+            env (pass the PettingZoo env instead).
 
     Examples:
         >>> import gymnasium as gym
@@ -98,8 +104,11 @@ def make_adapter(
             "num_envs and env_kwargs only apply to an env id string; got them with "
             f"{type(env).__name__}"
         )
+    if is_pettingzoo(env):
+        return make_agents_adapter(env)
     refuse_async(env)
     if isinstance(env, VectorEnv):
+        _refuse_supersuit(env)
         if isinstance(env.unwrapped, AsyncVectorEnv) and not isinstance(env, WorkerWatch):
             env = WorkerWatch(env)  # a dead worker: a clear error, the others ended
         mode = autoreset_mode_of(env)
@@ -112,13 +121,28 @@ def make_adapter(
         return GymEnvAdapter(env)
     if callable(env):
         made = env()
-        if not isinstance(made, gym.Env | VectorEnv):
+        if not isinstance(made, gym.Env | VectorEnv) and not is_pettingzoo(made):
             raise TypeError(
-                f"the env factory returned {type(made).__name__}; expected a gymnasium.Env or "
-                "gymnasium.vector.VectorEnv"
+                f"the env factory returned {type(made).__name__}; expected a gymnasium.Env, a "
+                "gymnasium.vector.VectorEnv or a PettingZoo env (a ParallelEnv or AECEnv, a "
+                "list of copies, or splice.envs.pettingzoo.PettingZooEnvs)"
             )
         return make_adapter(made)
     raise TypeError(
-        f"env must be a gymnasium.Env, a gymnasium.vector.VectorEnv, a zero-argument callable "
-        f"returning one, or an env id string; got {type(env).__name__}"
+        f"env must be a gymnasium.Env, a gymnasium.vector.VectorEnv, a PettingZoo env (a "
+        "ParallelEnv or AECEnv, a list of copies, or splice.envs.pettingzoo.PettingZooEnvs), a "
+        f"zero-argument callable returning one, or an env id string; got {type(env).__name__}"
     )
+
+
+def _refuse_supersuit(env: Any) -> None:
+    """Refuse SuperSuit's vector envs made from PettingZoo envs: one row per agent, but the
+    agents' identities, deaths and the true final observations are lost on the way."""
+    kind = type(getattr(env, "unwrapped", env))
+    if kind.__module__.startswith("supersuit."):
+        raise ValueError(
+            f"{kind.__name__} is a SuperSuit vector env: it loses which agent each row is, "
+            "fills dead agents' rows with zeros, and has no gymnasium autoreset mode. Pass "
+            "the PettingZoo env itself (copies: splice.envs.pettingzoo.PettingZooEnvs(make_env, "
+            "num_envs=N)); rows are then agent slots, one trajectory per agent life"
+        )

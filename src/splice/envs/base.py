@@ -191,6 +191,18 @@ class EnvAdapter(ABC):
     obs: list[Any]
     #: Validate the shapes of the next step's results (set by the loop once per batch).
     check_next: bool = True
+    #: With ``dead_steps``: True when a row's dead step is always followed by the start of a
+    #: new episode in that row (gymnasium's NEXT_STEP autoreset: :meth:`step` returns the dead
+    #: rows, and they restart). False for an adapter whose rows may also be dead *within* an
+    #: episode or between episodes (agent slots: another agent's turn, an empty slot): its
+    #: :meth:`step` returns the dead rows and sets :attr:`starting`.
+    dead_step_restarts: bool = True
+    #: With ``dead_step_restarts = False``: after each :meth:`step`, the rows whose next step
+    #: starts an episode (bool ``[B]``), or ``None`` for none.
+    starting: np.ndarray | None = None
+    #: False when an episode may have dead steps inside it (its steps are then not one run of
+    #: consecutive staging columns): whole episodes are assembled from the batches.
+    contiguous_episodes: bool = True
 
     def _init_spaces(self) -> None:
         self._all_obs_leaves: list[Leaf] = observation_leaves(self.single_observation_space)
@@ -263,7 +275,7 @@ class EnvAdapter(ABC):
             reward=np.empty((capacity, b), np.float32),
             terminated=np.zeros((capacity, b), np.bool_),
             truncated=np.zeros((capacity, b), np.bool_),
-            next_info=[column(leaf) for leaf in self.infos.leaves],
+            next_info=[column(leaf) for leaf in self.info_leaves],
         )
 
     def bind(self, staging: StepTargets) -> None:
@@ -396,6 +408,36 @@ class EnvAdapter(ABC):
     @abstractmethod
     def reset_envs(self, mask: np.ndarray) -> None:
         """Reset the envs where ``mask`` is True (the env did not end them); update :attr:`obs`."""
+
+    def incomplete(self) -> np.ndarray | None:
+        """Per row, the staging column of its oldest step whose results :meth:`step` has not
+        written yet (``-1`` where none), or ``None`` when every step's results are written at
+        its own column (the default). An adapter whose step's results come later (a
+        turn-based agent's next observation arrives at its next turn) writes them into that
+        column then; the loop keeps stepping until no batch it returns holds such a step."""
+        return None
+
+    def columns_moved(self, shift: int) -> None:
+        """Staging moved its columns ``shift`` places to the front (what was column ``c`` is
+        now ``c - shift``): an adapter that remembers columns (see :meth:`incomplete`)
+        updates them. The default remembers none."""
+        return None
+
+    def wrap_policy(self, policy: Any) -> Any:
+        """The policy the loop runs for this adapter's rows, made from the user's
+        (already in the policy protocol, :func:`splice.policies.as_policy`). The default is
+        the policy itself; an adapter whose rows are not all stepped each step (agent slots)
+        wraps it so that it sees only the rows it acts for.
+
+        Examples:
+            >>> from splice.envs import make_adapter
+            >>> adapter = make_adapter("CartPole-v1")
+            >>> policy = lambda td: td
+            >>> adapter.wrap_policy(policy) is policy
+            True
+            >>> adapter.close()
+        """
+        return policy
 
     def action_sampler(self) -> Any:
         """A callable drawing uniform random actions for all envs from

@@ -23,6 +23,7 @@ and :data:`~splice.replay.BURN_IN` (``("collector", "burn_in")``).
 from splice.replay._output import BURN_IN
 from splice.replay.buffer import ReplayBuffer
 from splice.replay.index import ReplayIndex, WriteReport
+from splice.replay.memmap import LazyMemmapStorage
 from splice.replay.ray_buffer import RayReplayBuffer
 from splice.replay.samplers import (
     Draw,
@@ -36,7 +37,7 @@ from splice.replay.samplers import (
     SliceSampler,
     SliceSamplerWithoutReplacement,
 )
-from splice.replay.storage import LazyMemmapStorage, LazyTensorStorage, Storage
+from splice.replay.storage import LazyTensorStorage, Storage
 
 __all__ = [
     "BURN_IN",

@@ -15,7 +15,9 @@ Accepted TensorDict layouts (all produced by splice's collectors and trajectory 
 Flattening and checking follow the batch contract (:func:`splice.contract.flatten_steps`):
 rows whose trajectory id is ``-1`` (padding) are dropped too, an id below ``-1`` is refused,
 and integer ids of any dtype are read as int64. Non-tensor entries (one Python object per
-step) become object columns (:attr:`FlatBatch.objects`). Nothing here mutates anything.
+step) become object columns (:attr:`FlatBatch.objects`). One :class:`Flattener` per buffer
+does it, and lets a batch laid out as the last checked one skip the checks. Nothing here
+mutates a batch.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -37,18 +39,14 @@ __all__ = [
     "Arrays",
     "Columns",
     "FlatBatch",
+    "Flattener",
     "Kind",
     "Objects",
     "Rows",
     "Schema",
-    "Signature",
     "as_tensordict",
-    "flatten_batch",
-    "flatten_known",
     "from_tensordict",
     "kind_of",
-    "known_eligible",
-    "signature",
 ]
 
 Columns = dict[Key, Tensor]
@@ -260,7 +258,8 @@ class FlatBatch:
 
     Attributes:
         columns: every stored key, ``[N, *per-step shape]``, env-major, padding dropped.
-        ids: ``[N]`` int64 trajectory ids (when the buffer uses ids), else None.
+        ids: ``[N]`` int64 trajectory ids, as a numpy array (when the buffer uses ids),
+            else None.
         n_envs: env rows ``B`` the steps came from (1 for flat input); each row's steps are
             consecutive in ``columns`` (``n_envs * steps_per_env == N`` unless ``padded``).
         padded: the input was padded trajectories (one trajectory per row, lengths vary).
@@ -270,14 +269,13 @@ class FlatBatch:
         n: the number of steps kept (``N``).
         source: the flat input position of every kept step (None: all kept, in order).
         objects: every non-tensor key, ``[N]`` numpy object arrays (like ``columns``).
-        arrays: the columns as numpy arrays (the same memory), when :func:`flatten_known`
-            made them for a storage on the CPU: then ``columns`` is empty and ``ids`` is
-            None, and the storage copies from these (flattening ``[B, T]`` numpy arrays
-            costs a fraction of flattening tensors).
+        arrays: the columns as numpy arrays (the same memory), when a batch that skipped
+            the checks was flattened for a storage on the CPU (:class:`Flattener`): then
+            ``columns`` is empty, and the storage copies from these.
     """
 
     columns: Columns
-    ids: Tensor | None
+    ids: np.ndarray | None
     n_envs: int
     padded: bool
     row_lengths: np.ndarray | None
@@ -288,13 +286,6 @@ class FlatBatch:
     objects: Objects = field(default_factory=dict)
     arrays: Arrays | None = None
 
-    def ids_array(self, ids_key: Key) -> np.ndarray:
-        """The ids (at ``ids_key``, the buffer's) as an int64 numpy array."""
-        if self.arrays is not None:
-            return self.arrays[ids_key]
-        assert self.ids is not None
-        return self.ids.numpy()
-
     def flags_array(self, key: Key) -> np.ndarray | None:
         """Column ``key`` as a numpy array (None when the batch lacks it)."""
         if self.arrays is not None:
@@ -303,13 +294,101 @@ class FlatBatch:
         return None if value is None else value.numpy()
 
 
-def flatten_batch(td: TensorDictBase, ids_key: Key | None, *, first: bool) -> FlatBatch:
-    """Flatten ``td`` env-major and drop its padding (see module docs).
+class Flattener:
+    """Flattens and checks the batches given to one buffer (see the module docs), and
+    remembers the layout of the last batch that passed every check.
+
+    A batch laid out as that one — a plain ``TensorDict`` of tensors with the same batch
+    shape and, per leaf in order, the same key, dtype and shape, checked against the same
+    schema and ids key — passes the checks too, but for the values of its ids: it skips them
+    (one comparison instead of the contract walk and the schema check). Only batches without
+    a mask and with int64 ids (what the checks read as they are) are remembered.
 
     Args:
-        td: the batch given to ``extend``.
-        ids_key: key of the trajectory ids, if the buffer uses ids.
-        first: this is the storage's first batch: also run the data-contract validator.
+        as_arrays: the storage is on the CPU: give a batch that skips the checks as numpy
+            arrays (:attr:`FlatBatch.arrays`) when every leaf has one (a CPU tensor without
+            autograd, of a dtype numpy knows); flattening ``[B, T]`` arrays, and the
+            storage's copies from them, cost a fraction of the tensors'.
+
+    Examples:
+        >>> flattener = Flattener(as_arrays=True)
+        >>> ids = torch.zeros(2, 3, dtype=torch.int64)
+        >>> td = TensorDict({"x": torch.zeros(2, 3), "ids": ids}, batch_size=[2, 3])
+        >>> batch = flattener.flatten(td, ("ids",), None)  # the first batch: checked
+        >>> schema = Schema.of(batch.columns)
+        >>> batch.n, batch.n_envs, batch.arrays is None
+        (6, 2, True)
+        >>> batch = flattener.flatten(td, ("ids",), schema)  # checked, and remembered
+        >>> flattener.flatten(td, ("ids",), schema).arrays[("x",)].shape  # alike: no checks
+        (6,)
+    """
+
+    def __init__(self, *, as_arrays: bool) -> None:
+        self.as_arrays = as_arrays
+        #: The layout of the last batch that passed every check (replaced whole: the buffer
+        #: flattens outside its lock).
+        self._known: _Known | None = None
+
+    def flatten(
+        self,
+        td: TensorDictBase,
+        ids_key: Key | None,
+        schema: Schema | None,
+        *,
+        trust: bool = True,
+    ) -> FlatBatch:
+        """``td`` as flat columns, checked against the batch contract and ``schema``.
+
+        Args:
+            td: the batch given to ``extend``.
+            ids_key: key of the trajectory ids, if the buffer uses ids.
+            schema: the storage's schema; None for the storage's first batch, which is
+                also run through the data-contract validator (its columns fix the schema).
+            trust: let a batch laid out as the last checked one skip the checks. Its ids
+                are then unchecked: the caller checks that none is negative (padding, or
+                refused), and flattens a batch that has one again with ``trust=False``,
+                which drops or refuses them.
+
+        Raises:
+            LayoutError: the batch breaks the batch contract or does not match ``schema``.
+        """
+        sig = _signature(td)
+        known = self._known
+        if (
+            trust
+            and sig is not None
+            and known is not None
+            and known.schema is schema
+            and known.ids_key == ids_key
+            and sig[0] == known.signature
+        ):
+            return _flatten_known(sig[0][0], sig[1], ids_key, as_arrays=self.as_arrays)
+        eligible = sig is not None and _known_eligible(sig[1], ids_key)
+        batch = _flatten_checked(td, ids_key, first=schema is None)
+        if schema is not None:
+            schema.check(batch.columns, batch.objects)
+            if sig is not None and eligible:
+                self._known = _Known(sig[0], schema, ids_key)
+        return batch
+
+
+#: A plain TensorDict's batch shape and, per tensor leaf in order, its key, dtype and shape.
+Signature = tuple[torch.Size, list[tuple[Key, torch.dtype, torch.Size]]]
+
+
+class _Known(NamedTuple):
+    """The :data:`Signature` of a batch that passed the checks against ``schema`` with
+    ``ids_key``."""
+
+    signature: Signature
+    schema: Schema
+    ids_key: Key | None
+
+
+def _flatten_checked(td: TensorDictBase, ids_key: Key | None, *, first: bool) -> FlatBatch:
+    """Flatten ``td`` env-major through the batch contract and drop its padding.
+
+    ``first``: this is the storage's first batch: also run the data-contract validator.
     """
     steps = flatten_steps(td, ids_key=ids_key, mask_key=MASK, context="a replay buffer batch")
     if first:
@@ -336,7 +415,7 @@ def flatten_batch(td: TensorDictBase, ids_key: Key | None, *, first: bool) -> Fl
         n = 0 if values is None else values.shape[0]
     return FlatBatch(
         columns=kept.columns,
-        ids=kept.ids,
+        ids=None if kept.ids is None else kept.ids.numpy(),
         n_envs=steps.n_envs,
         padded=padded,
         row_lengths=row_lengths,
@@ -348,16 +427,10 @@ def flatten_batch(td: TensorDictBase, ids_key: Key | None, *, first: bool) -> Fl
     )
 
 
-#: A plain TensorDict's batch shape and, per tensor leaf in order, its key, dtype and shape.
-Signature = tuple[torch.Size, list[tuple[Key, torch.dtype, torch.Size]]]
-
-
-def signature(td: TensorDictBase) -> tuple[Signature, Columns] | None:
+def _signature(td: TensorDictBase) -> tuple[Signature, Columns] | None:
     """The :data:`Signature` of a plain ``TensorDict`` of tensors (sub-TensorDicts
-    included) and its leaves by key; None for anything else (other TensorDict types, non-tensor
-    entries). A batch with the signature of one that passed :func:`flatten_batch` and the
-    schema check passes them too, but for the values of its ids (:func:`flatten_known`).
-    """
+    included) and its leaves by key; None for anything else (other TensorDict types,
+    non-tensor entries)."""
     if type(td) is not TensorDict:
         return None
     leaves: Columns = {}
@@ -383,26 +456,21 @@ def _plain_tensors(
     return True
 
 
-def known_eligible(leaves: Columns, ids_key: Key | None) -> bool:
-    """Whether batches with these leaves may take :func:`flatten_known`: no mask, and int64
-    ids (what :func:`flatten_batch` would read as they are)."""
+def _known_eligible(leaves: Columns, ids_key: Key | None) -> bool:
+    """Whether batches with these leaves may skip the checks: no mask, and int64 ids (what
+    :func:`_flatten_checked` would read as they are)."""
     for key, value in leaves.items():
         if key == MASK or (key == ids_key and value.dtype != torch.int64):
             return False
     return True
 
 
-def flatten_known(
+def _flatten_known(
     batch_shape: torch.Size, leaves: Columns, ids_key: Key | None, *, as_arrays: bool
 ) -> FlatBatch:
-    """:func:`flatten_batch` of a batch whose :func:`signature` is that of a batch that
-    passed it (and :func:`known_eligible`), but for the values of its ids: the caller checks
-    that none is negative (padding, or refused: then the checked path says what to do).
-
-    ``as_arrays``: the storage is on the CPU: give the columns as numpy arrays
-    (:attr:`FlatBatch.arrays`) when every leaf has one (a CPU tensor without autograd, of
-    a dtype numpy knows), which also makes the storage's copies cheaper.
-    """
+    """:func:`_flatten_checked` of a batch laid out as one that passed it, but for the
+    values of its ids (see :meth:`Flattener.flatten`); ``as_arrays``: see
+    :class:`Flattener`."""
     ndim = len(batch_shape)
     n = batch_shape[0] if ndim == 1 else batch_shape.numel()
     columns: Columns = {}
@@ -417,9 +485,12 @@ def flatten_known(
             arrays = None
     if arrays is None:
         columns = leaves if ndim == 1 else {k: v.flatten(0, ndim - 1) for k, v in leaves.items()}
+    ids = None
+    if ids_key is not None:
+        ids = arrays[ids_key] if arrays is not None else columns[ids_key].numpy()
     return FlatBatch(
         columns=columns,
-        ids=None if ids_key is None or arrays is not None else columns[ids_key],
+        ids=ids,
         n_envs=1 if ndim == 1 else batch_shape[:-1].numel(),
         padded=False,
         row_lengths=None,

@@ -64,8 +64,8 @@ class Boundaries:
         Pure: returns ``(keys, open_keys, next_key)`` without changing ``self``.
         """
         if self.mode == "ids":
-            assert self.key is not None
-            return batch.ids_array(self.key), self.open_keys, self.next_key
+            assert batch.ids is not None
+            return batch.ids, self.open_keys, self.next_key
         n = batch.n
         ends, cut = _end_flags(batch, self.key, n)
         if batch.padded:

@@ -10,7 +10,8 @@ A dump is atomic: the files go to a new subdirectory ``v-<random hex>``, and ``b
 which names that subdirectory, is renamed over the previous one last. A process killed at any
 moment leaves ``buffer.json`` naming a complete dump (the previous or the new one); the
 subdirectories it does not name are deleted by the next ``dumps``. Nothing read back is
-trusted before :mod:`splice.replay._validate` has checked it.
+trusted before it is checked (:func:`check_snapshot`, with the checks of
+:mod:`splice.replay._validate`).
 
 Every tensor key is saved whole (a shared next column rebuilt: the saved form does not depend
 on the storage's layout, and a restore stores it again by the storage's own rule). An object
@@ -32,6 +33,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from splice.layout import Key, LayoutError
 from splice.replay._batch import Schema
 from splice.replay._boundaries import Boundaries
 from splice.replay._files import (
@@ -44,13 +46,21 @@ from splice.replay._files import (
 )
 from splice.replay._objects import decode_text, encode_text
 from splice.replay._state import as_int, flatten, from_tensors, to_tensors, unflatten
-from splice.replay._validate import Source
-from splice.replay.index import IndexState
+from splice.replay._validate import (
+    MAX_POSITION,
+    Source,
+    check_index,
+    check_keys,
+    int_array,
+    int_in,
+)
+from splice.replay.index import IndexState, ReplayIndex
 from splice.replay.samplers._base import SamplerState
 
 __all__ = [
     "FORMAT",
     "Snapshot",
+    "check_snapshot",
     "from_state_dict",
     "read_dir",
     "to_state_dict",
@@ -309,3 +319,83 @@ def read_dir(root: Path, sampler_state: type[SamplerState]) -> Snapshot:
         kind=head.kind,
         source=src,
     )
+
+
+def check_snapshot(
+    snap: Snapshot,
+    *,
+    capacity: int,
+    schema: Schema | None,
+    sampler_config: Mapping[str, object],
+) -> ReplayIndex:
+    """Check a snapshot read from a dump or a state dict against a buffer of ``capacity``
+    steps, its storage's ``schema`` and its sampler's settings: the columns' dtypes and
+    shapes, the index (:func:`check_index`) and the trajectory keys against the stored data
+    (:func:`check_keys`). The sampler's own state is the sampler's to check.
+
+    Returns:
+        A new index holding the snapshot's (checked) index state.
+
+    Raises:
+        ValueError: naming the file (or state-dict entry) and the field.
+        LayoutError: the snapshot stores other keys than ``schema``.
+    """
+    src = snap.source
+    if snap.capacity != capacity:
+        raise ValueError(
+            f"{src.field('capacity')}: the saved buffer holds {snap.capacity} steps; this "
+            f"storage has {capacity}"
+        )
+    if snap.sampler_config != sampler_config:
+        raise ValueError(
+            f"{src.field('sampler_config')}: saved with sampler {snap.sampler_config}, not "
+            f"{dict(sampler_config)}"
+        )
+    if snap.schema is not None and schema is not None and schema != snap.schema:
+        raise LayoutError(f"{src.header} stores other keys than this buffer")
+    column_where: dict[Key, str] = {}
+    columns: dict[Key, Tensor] = {}
+    if snap.schema is None:
+        if snap.columns:
+            raise ValueError(f"{src.field('columns')}: saved columns without a schema")
+    else:
+        if len(snap.columns) != len(snap.schema.entries):
+            raise ValueError(
+                f"{src.field('columns')}: {len(snap.columns)} columns for a schema of "
+                f"{len(snap.schema.entries)} keys"
+            )
+        for i, (column, (key, (dtype, shape))) in enumerate(
+            zip(snap.columns, snap.schema.entries.items(), strict=True)
+        ):
+            column_where[key] = src.column(i, key)
+            if column.dtype != dtype or tuple(column.shape) != (capacity, *shape):
+                raise ValueError(
+                    f"{column_where[key]}: expected dtype {dtype} and shape "
+                    f"{[capacity, *shape]}, got {column.dtype} and {list(column.shape)}"
+                )
+            columns[key] = column.detach().cpu()
+        if len(snap.objects) != len(snap.schema.objects) or any(
+            values.shape != (capacity,) for values in snap.objects
+        ):
+            raise ValueError(
+                f"{src.field('objects')}: {len(snap.objects)} text columns for "
+                f"{len(snap.schema.objects)} object keys, each of {capacity} rows expected"
+            )
+    # The keys against the stored data first (the most direct diagnosis of garbage keys),
+    # then the index against the keys.
+    wc = int_in(snap.index.write_count, src.entry("index", "write_count"), 0, MAX_POSITION)
+    lo = int_in(snap.index.lo, src.entry("index", "lo"), max(0, wc - capacity), wc)
+    if wc > lo and (snap.schema is None or snap.kind is None):
+        raise ValueError(f"{src.header}: rows are stored but there is no schema or kind")
+    keys_where = src.entry("index", "row_key", array=True)
+    check_keys(
+        int_array(snap.index.row_key, keys_where, capacity),
+        lo,
+        wc,
+        snap.boundaries,
+        columns,
+        keys_where=keys_where,
+        column_where=column_where,
+    )
+    index = check_index(snap.index, capacity, src)
+    return index

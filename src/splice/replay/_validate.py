@@ -16,7 +16,8 @@ trajectory key of every live row:
   sequence numbers of its rows (the rows of an interrupted extend are dropped, anything else
   out of order is refused);
 * the samplers check their own saved sets, trees and epochs against the index (they call
-  :func:`check_members`, :func:`check_epoch`, :func:`check_weights`).
+  :func:`check_members`, :func:`check_epoch`, :func:`check_weights`);
+* :func:`splice.replay._persist.check_snapshot` checks a whole dump or state dict with these.
 
 Every error is a ``ValueError`` that names the file (or state-dict entry) and the field. Nothing
 here changes a buffer: the caller installs a state only once every check has passed.
@@ -46,7 +47,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from splice.layout import CUT, Key, LayoutError, fmt_key
+from splice.layout import CUT, Key, fmt_key
 from splice.replay._state import as_int
 from splice.replay._structures import I64, KeyMapState, PoolState
 from splice.replay.index import IndexState, ReplayIndex
@@ -54,11 +55,8 @@ from splice.replay.index import IndexState, ReplayIndex
 if TYPE_CHECKING:
     from torch import Tensor
 
-    from splice.replay._batch import Schema
     from splice.replay._boundaries import Boundaries
-    from splice.replay._persist import Snapshot
-    from splice.replay._structures import DenseSet
-    from splice.replay.samplers.without_replacement import EpochState
+    from splice.replay._structures import DenseSet, EpochState
 
 __all__ = [
     "MAX_POSITION",
@@ -67,7 +65,6 @@ __all__ = [
     "check_index",
     "check_keys",
     "check_members",
-    "check_snapshot",
     "check_weights",
     "float_array",
     "int_array",
@@ -600,84 +597,3 @@ def check_weights(priority: np.ndarray, weight: np.ndarray, limit: float) -> Non
             f"{float(weight.reshape(-1)[i])!r} above {limit:.3g}, the largest whose sum over the "
             "buffer stays finite: priorities that large are refused (nothing was updated)"
         )
-
-
-# ---------------------------------------------------------------------- whole snapshots
-def check_snapshot(
-    snap: Snapshot,
-    *,
-    capacity: int,
-    schema: Schema | None,
-    sampler_config: Mapping[str, object],
-) -> ReplayIndex:
-    """Check a snapshot read from a dump or a state dict against a buffer of ``capacity``
-    steps, its storage's ``schema`` and its sampler's settings: the columns' dtypes and
-    shapes, the index (:func:`check_index`) and the trajectory keys against the stored data
-    (:func:`check_keys`). The sampler's own state is the sampler's to check.
-
-    Returns:
-        A new index holding the snapshot's (checked) index state.
-
-    Raises:
-        ValueError: naming the file (or state-dict entry) and the field.
-        LayoutError: the snapshot stores other keys than ``schema``.
-    """
-    src = snap.source
-    if snap.capacity != capacity:
-        raise ValueError(
-            f"{src.field('capacity')}: the saved buffer holds {snap.capacity} steps; this "
-            f"storage has {capacity}"
-        )
-    if snap.sampler_config != sampler_config:
-        raise ValueError(
-            f"{src.field('sampler_config')}: saved with sampler {snap.sampler_config}, not "
-            f"{dict(sampler_config)}"
-        )
-    if snap.schema is not None and schema is not None and schema != snap.schema:
-        raise LayoutError(f"{src.header} stores other keys than this buffer")
-    column_where: dict[Key, str] = {}
-    columns: dict[Key, Tensor] = {}
-    if snap.schema is None:
-        if snap.columns:
-            raise ValueError(f"{src.field('columns')}: saved columns without a schema")
-    else:
-        if len(snap.columns) != len(snap.schema.entries):
-            raise ValueError(
-                f"{src.field('columns')}: {len(snap.columns)} columns for a schema of "
-                f"{len(snap.schema.entries)} keys"
-            )
-        for i, (column, (key, (dtype, shape))) in enumerate(
-            zip(snap.columns, snap.schema.entries.items(), strict=True)
-        ):
-            column_where[key] = src.column(i, key)
-            if column.dtype != dtype or tuple(column.shape) != (capacity, *shape):
-                raise ValueError(
-                    f"{column_where[key]}: expected dtype {dtype} and shape "
-                    f"{[capacity, *shape]}, got {column.dtype} and {list(column.shape)}"
-                )
-            columns[key] = column.detach().cpu()
-        if len(snap.objects) != len(snap.schema.objects) or any(
-            values.shape != (capacity,) for values in snap.objects
-        ):
-            raise ValueError(
-                f"{src.field('objects')}: {len(snap.objects)} text columns for "
-                f"{len(snap.schema.objects)} object keys, each of {capacity} rows expected"
-            )
-    # The keys against the stored data first (the most direct diagnosis of garbage keys),
-    # then the index against the keys.
-    wc = int_in(snap.index.write_count, src.entry("index", "write_count"), 0, MAX_POSITION)
-    lo = int_in(snap.index.lo, src.entry("index", "lo"), max(0, wc - capacity), wc)
-    if wc > lo and (snap.schema is None or snap.kind is None):
-        raise ValueError(f"{src.header}: rows are stored but there is no schema or kind")
-    keys_where = src.entry("index", "row_key", array=True)
-    check_keys(
-        int_array(snap.index.row_key, keys_where, capacity),
-        lo,
-        wc,
-        snap.boundaries,
-        columns,
-        keys_where=keys_where,
-        column_where=column_where,
-    )
-    index = check_index(snap.index, capacity, src)
-    return index

@@ -257,13 +257,30 @@ class ReplayIndex:
             idx, rem, seg = idx[far], rem[far] - span[far] - 1, S["fwd"][seg[far]]
 
     def window_rows(
-        self, anchor: np.ndarray, offset: np.ndarray | int, length: np.ndarray, width: int
+        self,
+        anchor: np.ndarray,
+        offset: np.ndarray | int,
+        length: np.ndarray,
+        width: int,
+        start: np.ndarray | int = 0,
     ) -> np.ndarray:
         """``[len(anchor), width]`` rows: row ``i`` holds the ``length[i]`` steps that end
-        ``offset[i]`` steps before ``anchor[i]``, oldest first (left-aligned), then -1."""
-        j = np.arange(width, dtype=I64)
+        ``offset[i]`` steps before ``anchor[i]``, oldest first, in columns ``start[i]`` to
+        ``start[i] + length[i] - 1`` (default: left-aligned), and -1 in the other columns.
+
+        The steps must be stored: ``offset + length - 1 <= steps_before(anchor)``. Cost:
+        O(rows x width), plus a pass per segment boundary a window crosses.
+
+        Examples:
+            >>> ix = ReplayIndex(capacity=8)
+            >>> _ = ix.write(np.array([3, 3, 3, 3, 4]))
+            >>> ix.window_rows(np.array([3, 3]), 0, np.array([2, 3]), 5, np.array([0, 2]))
+            array([[ 2,  3, -1, -1, -1],
+                   [-1, -1,  1,  2,  3]])
+        """
+        j = np.arange(width, dtype=I64) - np.reshape(start, (-1, 1))  # step within the window
         back = (offset + length - 1)[:, None] - j  # steps before the anchor row
-        valid = j < length[:, None]
+        valid = (j >= 0) & (j < length[:, None])
         span = anchor - self.seg.a["lo"][self.row_seg[anchor]]
         if (offset + length - 1 <= span).all():  # every window lies in one segment
             rows = anchor[:, None] - back

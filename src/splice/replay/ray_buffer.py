@@ -170,7 +170,7 @@ class RayReplayBuffer:
     Raises:
         ValueError, TypeError: as :class:`~splice.ReplayBuffer`'s, raised by the actor; or
             actor options Ray or the buffer refuses (``max_restarts``, ``max_task_retries``).
-        ImportError: ray is not installed (``pip install 'splice[ray]'``).
+        ImportError: ray is not installed (``pip install 'splice-rl[ray]'``).
 
     Examples:
         Two Ray workers collect CartPole into a buffer actor while this process samples:

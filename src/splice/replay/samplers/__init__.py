@@ -4,9 +4,10 @@
 order); every sampler here is written against it alone.
 """
 
-from splice.replay.samplers._base import Draw, RandomSampler, Sampler, SamplerState, SliceMarks
+from splice.replay.samplers._base import Draw, Sampler, SamplerState, SliceMarks
 from splice.replay.samplers.prioritized import PrioritizedSampler, PrioritizedSliceSampler
 from splice.replay.samplers.slice import SliceSampler, SliceSamplerWithoutReplacement
+from splice.replay.samplers.uniform import RandomSampler
 from splice.replay.samplers.without_replacement import SamplerWithoutReplacement
 
 __all__ = [

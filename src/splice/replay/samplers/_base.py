@@ -1,11 +1,11 @@
-"""The sampler contract — the hooks a sampler implements — and the uniform ``RandomSampler``."""
+"""The sampler contract: the hooks a sampler implements, and what a draw returns."""
 
 from __future__ import annotations
 
 import copy
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar, TypeVar
+from typing import ClassVar, TypeVar
 
 import numpy as np
 import torch
@@ -18,7 +18,7 @@ from splice.replay._state import flatten, from_tensors, to_tensors, unflatten
 from splice.replay._structures import I64
 from splice.replay.index import ReplayIndex, WriteReport
 
-__all__ = ["Draw", "RandomSampler", "Sampler", "SamplerState", "SliceMarks", "make_generator"]
+__all__ = ["Draw", "Sampler", "SamplerState", "SliceMarks", "make_generator"]
 
 
 @dataclass(frozen=True)
@@ -27,18 +27,22 @@ class Draw:
 
     Attributes:
         rows: ``[B]`` storage rows (single steps), or ``[S, W]`` for slices: row ``i`` holds
-            ``length[i]`` consecutive steps of one trajectory, oldest first, then ``-1``.
+            ``length[i]`` consecutive steps of one trajectory, oldest first, from column
+            ``start[i]`` on, and ``-1`` in its other columns.
         length: ``[S]`` real steps of each slice, burn-in included (slices only; default:
             every row's steps up to its first ``-1``).
         burn: ``[S]`` burn-in steps at the start of each slice (slices only; default 0).
         weight: importance weights, ``[B]`` per step or ``[S]`` per slice (prioritised
             samplers only).
+        start: ``[S]`` column of each slice's first step (slices only; default 0: every
+            slice left-aligned).
     """
 
     rows: np.ndarray
     length: np.ndarray | None = None
     burn: np.ndarray | None = None
     weight: np.ndarray | None = None
+    start: np.ndarray | None = None
 
 
 @dataclass(frozen=True)
@@ -53,6 +57,8 @@ class SliceMarks:
         as_sequences: return ``[num_slices, width]`` instead of a flat sample.
         burn_in: the largest burn-in (``("collector", "burn_in")`` marks it when > 0).
         state_keys: keys returned at every slice's first step in ``info["initial_state"]``.
+        burn_in_keys: the only keys read at burn-in steps (the others are zero there);
+            None: every key.
     """
 
     truncated_key: Key | None = TRUNCATED
@@ -61,6 +67,7 @@ class SliceMarks:
     as_sequences: bool = False
     burn_in: int = 0
     state_keys: tuple[Key, ...] = ()
+    burn_in_keys: tuple[Key, ...] | None = None
 
 
 @dataclass
@@ -332,52 +339,3 @@ class Sampler:
         state = unflatten(self.state_type, from_tensors(state_dict))
         self.check_restore(self.index, state)
         self.restore(state)
-
-
-class RandomSampler(Sampler):
-    """Uniform sampling of single steps, with replacement, in O(batch).
-
-    Args:
-        replacement: ``False`` gives a :class:`SamplerWithoutReplacement` (with the other
-            keyword arguments), as in TorchRL.
-        generator: the random generator to draw from.
-        seed: seed of a fresh generator (exclusive with ``generator``).
-
-    Examples:
-        >>> import torch
-        >>> from tensordict import TensorDict
-        >>> from splice.replay import LazyTensorStorage, RandomSampler, ReplayBuffer
-        >>> rb = ReplayBuffer(
-        ...     storage=LazyTensorStorage(100), sampler=RandomSampler(seed=0), batch_size=4
-        ... )
-        >>> _ = rb.extend(TensorDict({"observation": torch.arange(10.0)}, batch_size=[10]))
-        >>> sample = rb.sample()
-        >>> sample.batch_size, bool((sample["observation"] == sample["index"]).all())
-        (torch.Size([4]), True)
-    """
-
-    def __new__(cls, *args: Any, replacement: bool = True, **kwargs: Any) -> Any:
-        if replacement is False and cls is RandomSampler:
-            # TorchRL's dispatch: RandomSampler(replacement=False) is a
-            # SamplerWithoutReplacement (imported here: that module builds on this one).
-            from splice.replay.samplers.without_replacement import SamplerWithoutReplacement
-
-            return SamplerWithoutReplacement(*args, **kwargs)
-        return super().__new__(cls)
-
-    def __init__(
-        self,
-        *,
-        replacement: bool = True,
-        generator: torch.Generator | None = None,
-        seed: int | None = None,
-    ) -> None:
-        super().__init__(generator=generator, seed=seed)
-
-    def draw(self, batch_size: int) -> Draw:
-        index = self.index
-        n = len(index)
-        if n == 0:
-            raise self.empty_error()
-        pos = index.lo + self.randint(n, batch_size)
-        return Draw(rows=pos % index.capacity)

@@ -11,7 +11,8 @@ import numpy as np
 import torch
 
 from splice._args import positive_int
-from splice.replay._structures import I64, SumTree, SumTreeState, as_i64, last_of_each
+from splice.replay._structures import I64, as_i64
+from splice.replay._sumtree import SumTree, SumTreeState, last_of_each
 from splice.replay._validate import check_weights, float_array, int_array, weight_limit
 from splice.replay.index import ReplayIndex, WriteReport
 from splice.replay.samplers._base import Draw, Sampler, SamplerState, expect_state
@@ -441,9 +442,10 @@ class PrioritizedSliceSampler(SliceSampler):
     def draw(self, batch_size: int) -> Draw:
         draw = super().draw(batch_size)
         assert draw.length is not None
-        ends = draw.rows[np.arange(draw.rows.shape[0]), draw.length - 1]
+        start = draw.start if draw.start is not None else 0
+        ends = draw.rows[np.arange(draw.rows.shape[0]), start + draw.length - 1]
         weight = np.power(self._tree.get(ends) / self._tree.min(), -self.beta)
-        return Draw(draw.rows, draw.length, draw.burn, weight)
+        return Draw(draw.rows, draw.length, draw.burn, weight, draw.start)
 
     def update_priority(self, rows: np.ndarray, priority: np.ndarray) -> None:
         """Set per-step priorities at storage rows and re-score affected slices.
@@ -451,6 +453,9 @@ class PrioritizedSliceSampler(SliceSampler):
         ``priority`` has the shape of ``rows`` or broadcasts to it (one value per slice for a
         ``[num_slices, width]`` index). Padding (-1) and rows holding no data are ignored; as
         in TorchRL, a row overwritten since it was sampled passes the priority to its new step.
+        With ``burn_in``, give the training steps' rows only (e.g. ``index.where(~burn_in,
+        -1)`` with the sample's ``("collector", "burn_in")`` flag): a burn-in step is not
+        trained on in this slice, and its priority is that of its own slices.
         """
         idx = np.asarray(rows, dtype=I64)
         prio = np.asarray(priority, dtype=np.float64)

@@ -21,7 +21,7 @@ from tensordict.utils import NestedKey
 
 from splice._args import non_negative_int, positive_int
 from splice.layout import IS_INIT, TRUNCATED, Key, as_key_tuple
-from splice.replay._structures import EMPTY, I64, DenseSet, DenseSetState
+from splice.replay._structures import EMPTY, I64, DenseSet, DenseSetState, Epoch, EpochState
 from splice.replay._validate import check_epoch, check_members, int_in
 from splice.replay.index import WriteReport
 from splice.replay.samplers._base import (
@@ -32,7 +32,6 @@ from splice.replay.samplers._base import (
     expect_state,
     key_or_none,
 )
-from splice.replay.samplers.without_replacement import Epoch, EpochState
 
 __all__ = [
     "SliceSampler",
@@ -42,6 +41,31 @@ __all__ = [
 ]
 
 _WEIGHTINGS = ("trajectory", "transition")
+_ALIGNMENTS = ("left", "right")
+
+
+def _key_tuple(name: str, keys: Sequence[NestedKey] | None) -> tuple[Key, ...] | None:
+    """``keys`` as key tuples (None stays None).
+
+    Raises:
+        TypeError: ``keys`` is a single string, or holds something else than keys.
+        ValueError: ``keys`` is empty.
+    """
+    if keys is None:
+        return None
+    if isinstance(keys, str):
+        raise TypeError(f"{name} must be a list of keys, got the single key {keys!r}")
+    out = []
+    for key in keys:
+        if not (
+            isinstance(key, str)
+            or (isinstance(key, tuple) and key and all(isinstance(k, str) for k in key))
+        ):
+            raise TypeError(f"{name}: {key!r} is not a key (a str or a tuple of str)")
+        out.append(as_key_tuple(key))
+    if not out:
+        raise ValueError(f"{name} must name at least one key (None: every key)")
+    return tuple(out)
 
 
 @dataclass
@@ -84,10 +108,33 @@ class SliceSampler(Sampler):
       with ``strict_length=True``, its last ``slice_len - 1``) lie in fewer slices.
     * ``as_sequences=True`` returns ``[num_slices, width]`` instead of TorchRL's flat
       ``[num_slices * width]`` (``width = burn_in + slice_len``), with a mask.
-    * ``burn_in=K`` prepends up to ``K`` steps to every slice (fewer near the trajectory's
-      start), flagged in ``("collector", "burn_in")``. Slices are left-aligned: burn-in steps,
-      then training steps, then padding; so a recurrent network can run each row from its
-      first column, starting from the stored recurrent state found there.
+    * ``burn_in=K`` brings, before every slice's first training step, the ``K`` steps of its
+      trajectory that precede it: an RNN's burn-in (warm-up) or a transformer's context;
+      one rule for both. They are stored steps of the same trajectory only: fewer where the
+      trajectory starts less than ``K`` steps before the slice, or its older steps were
+      overwritten, never a step of another episode or env. They are flagged in
+      ``("collector", "burn_in")``, and ``("collector", "mask") & ~("collector", "burn_in")``
+      marks the training steps, where a loss applies. ``burn_in_align`` places them:
+
+      - ``"left"`` (default): burn-in steps, training steps, padding. Every row starts with
+        its first real step, so a recurrent network runs each row from its first column,
+        starting from the stored state found there (``state_keys``); a row's first training
+        step is at column ``info["burn_in"][i]``.
+      - ``"right"``: a fixed layout for attention models. Training step ``j`` of every slice
+        is at column ``K + j``, the steps before it at columns ``K - 1``, ``K - 2``, ... back
+        to column 0, which are padding (mask False, index -1) where no step of the
+        trajectory is stored. Training outputs are ``out[:, K:]``, and
+        :func:`~splice.attention_mask` builds each step's causal attention mask from the
+        sample's mask. The flat output keeps the layout: ``[num_slices * width]`` with the
+        mask (padded, as with ``pad_output``). ``burn_in + slice_len`` may not exceed the
+        storage (no window could ever be complete).
+
+      ``burn_in_keys`` reads only the named keys at the steps before the training steps
+      (e.g. ``["observation", "action"]``, or a per-step entry the policy stored at
+      collection, such as its layers' activations; a key names every key under it); the
+      other keys are zero there (``None`` for non-tensor entries). Training steps bring
+      every stored key. Reading a few keys of ``K`` steps instead of all of them is what
+      makes long contexts cheap.
     * ``state_keys``: keys (e.g. the recurrent state) whose stored value at each slice's first
       step is returned in ``info["initial_state"]`` (``sample(return_info=True)``).
 
@@ -122,7 +169,12 @@ class SliceSampler(Sampler):
         pad_output: pad the flat output to ``num_slices * width`` with a mask.
         weighting: ``"trajectory"`` or ``"transition"`` (see above).
         as_sequences: return ``[num_slices, width]`` (default flat, TorchRL's layout).
-        burn_in: extra steps before each slice, for recurrent warm-up.
+        burn_in: steps before each slice's training steps (RNN burn-in, transformer
+            context; see above).
+        burn_in_align: ``"left"`` (packed, for recurrent warm-up) or ``"right"`` (training
+            step ``j`` at column ``burn_in + j``, for attention); needs ``burn_in >= 1``.
+        burn_in_keys: the keys read at the steps before the training steps (None: every
+            key); needs ``burn_in >= 1``.
         state_keys: keys returned at each slice's first step in ``info["initial_state"]``.
         cache_values: ignored (accepted so that TorchRL code ports unchanged).
         generator: the random generator to draw from.
@@ -155,6 +207,37 @@ class SliceSampler(Sampler):
         >>> sample["next", "truncated"].squeeze(-1)
         tensor([[False, False, False,  True],
                 [False, False, False,  True]])
+
+        An attention model's context: 2 training steps per slice at columns 3 and 4, the 3
+        steps of the episode before them at columns 0-2 (only their observations read):
+
+        >>> from splice import attention_mask
+        >>> rb = ReplayBuffer(
+        ...     storage=LazyTensorStorage(100),
+        ...     sampler=SliceSampler(
+        ...         slice_len=2,
+        ...         burn_in=3,
+        ...         burn_in_align="right",
+        ...         burn_in_keys=["observation"],
+        ...         as_sequences=True,
+        ...         seed=0,
+        ...     ),
+        ...     batch_size=4,
+        ... )
+        >>> steps = {"observation": step.float(), "action": step % 2}
+        >>> steps["collector", "traj_ids"] = step // 5
+        >>> _ = rb.extend(TensorDict(steps, batch_size=[20]))
+        >>> sample = rb.sample()
+        >>> sample["index"]  # -1: no step of the episode there (episodes start at 0, 5, 10, 15)
+        tensor([[-1, 15, 16, 17, 18],
+                [-1, -1, -1, 10, 11]])
+        >>> sample["action"]  # not in burn_in_keys: zero before the training steps
+        tensor([[0, 0, 0, 1, 0],
+                [0, 0, 0, 0, 1]])
+        >>> mask = attention_mask(sample["collector", "mask"], window=3)  # [2, 5, 5]
+        >>> mask[0, 3:].int()  # training steps see themselves and up to 3 stored steps before
+        tensor([[0, 1, 1, 1, 0],
+                [0, 1, 1, 1, 1]], dtype=torch.int32)
     """
 
     needs_trajectories = True
@@ -182,6 +265,8 @@ class SliceSampler(Sampler):
         weighting: str = "trajectory",
         as_sequences: bool = False,
         burn_in: int = 0,
+        burn_in_align: str = "left",
+        burn_in_keys: Sequence[NestedKey] | None = None,
         state_keys: Sequence[NestedKey] = (),
         cache_values: bool = False,
         generator: torch.Generator | None = None,
@@ -195,6 +280,15 @@ class SliceSampler(Sampler):
         if weighting not in _WEIGHTINGS:
             raise ValueError(f"weighting must be one of {_WEIGHTINGS}, got {weighting!r}")
         burn_in = non_negative_int("burn_in", burn_in)
+        if burn_in_align not in _ALIGNMENTS:
+            raise ValueError(f"burn_in_align must be one of {_ALIGNMENTS}, got {burn_in_align!r}")
+        context_keys = _key_tuple("burn_in_keys", burn_in_keys)
+        for name, used in (
+            ("burn_in_align='right'", burn_in_align == "right"),
+            ("burn_in_keys", context_keys is not None),
+        ):
+            if used and burn_in < 1:
+                raise ValueError(f"{name} needs burn_in >= 1 (steps before each slice), got 0")
         if pad_output and strict_length:
             raise ValueError(
                 "pad_output=True is incompatible with strict_length=True: strict slices are "
@@ -213,6 +307,8 @@ class SliceSampler(Sampler):
         self.weighting = weighting
         self.as_sequences = bool(as_sequences)
         self.burn_in = burn_in
+        self.burn_in_align = burn_in_align
+        self.burn_in_keys = context_keys
         self.state_keys: tuple[Key, ...] = tuple(as_key_tuple(k) for k in state_keys)
         self.cache_values = cache_values
         self._built_len: int | None = None
@@ -227,8 +323,15 @@ class SliceSampler(Sampler):
         )
         return (
             f"{type(self).__name__}({size}, weighting={self.weighting!r}, "
-            f"strict_length={self.strict_length}, burn_in={self.burn_in})"
+            f"strict_length={self.strict_length}, burn_in={self.burn_in}"
+            + (f", burn_in_align={self.burn_in_align!r}" if self._fixed else "")
+            + ")"
         )
+
+    @property
+    def _fixed(self) -> bool:
+        """Right-aligned burn-in: training step ``j`` always at column ``burn_in + j``."""
+        return self.burn_in_align == "right"
 
     # ------------------------------------------------------------------ sizes
     def shape_for(self, batch_size: int) -> tuple[int, int]:
@@ -248,17 +351,30 @@ class SliceSampler(Sampler):
 
     def check_batch_size(self, batch_size: int) -> None:
         super().check_batch_size(batch_size)
-        self.shape_for(batch_size)
+        length = self.shape_for(batch_size)[1]
+        if self.attached:
+            self._check_window(length)
+
+    def _check_window(self, length: int) -> None:
+        """Refuse right-aligned windows longer than the storage (none could be complete)."""
+        capacity = self.index.capacity
+        if self._fixed and self.burn_in + length > capacity:
+            raise ValueError(
+                f"burn_in={self.burn_in} + slice_len={length} = {self.burn_in + length} steps "
+                f"per window, longer than the storage ({capacity} steps): with "
+                "burn_in_align='right' a window must fit in the storage"
+            )
 
     @property
     def marks(self) -> SliceMarks:
         return SliceMarks(
             truncated_key=self._truncated,
             init_key=self._init,
-            pad_output=self.pad_output,
+            pad_output=self.pad_output or self._fixed,  # the fixed layout is kept when flat
             as_sequences=self.as_sequences,
             burn_in=self.burn_in,
             state_keys=self.state_keys,
+            burn_in_keys=self.burn_in_keys,
         )
 
     @property
@@ -270,6 +386,8 @@ class SliceSampler(Sampler):
         length = self._built_len
         if length is None and self.default_batch_size is not None:
             length = self.shape_for(self.default_batch_size)[1]
+        if length is not None:
+            self._check_window(length)
         self._build(length)
 
     def _build(self, length: int | None) -> None:
@@ -413,10 +531,14 @@ class SliceSampler(Sampler):
         if len(self.index) == 0:
             raise self.empty_error()
         anchor, offset, before, train = self._pick(count, length)
+        # The one rule: up to ``burn_in`` stored steps of the trajectory before the first
+        # training step; the alignment only decides the column the slice starts at.
         burn = np.minimum(self.burn_in, before - (train - 1))
         total = burn + train
-        rows = self.index.window_rows(anchor, offset, total, self.burn_in + length)
-        return Draw(rows=rows, length=total, burn=burn)
+        start = self.burn_in - burn if self._fixed else None
+        width = self.burn_in + length
+        rows = self.index.window_rows(anchor, offset, total, width, 0 if start is None else start)
+        return Draw(rows=rows, length=total, burn=burn, start=start)
 
     # ------------------------------------------------------------------ persistence
     def config(self) -> dict[str, object]:
@@ -430,6 +552,11 @@ class SliceSampler(Sampler):
             end_key=None if self.end_key is None else list(as_key_tuple(self.end_key)),
             traj_key=None if self.traj_key is None else list(as_key_tuple(self.traj_key)),
         )
+        # (Only when set: buffers saved before these settings existed keep loading.)
+        if self._fixed:
+            out.update(burn_in_align=self.burn_in_align)
+        if self.burn_in_keys is not None:
+            out.update(burn_in_keys=[list(key) for key in self.burn_in_keys])
         return out
 
     def state(self) -> SliceSamplerState:
@@ -481,8 +608,8 @@ class SliceSamplerWithoutReplacement(SliceSampler):
             ``SliceSampler(replacement=False)``); must be False.
         num_slices: as for :class:`SliceSampler`, and so are ``slice_len``, ``end_key``,
             ``traj_key``, ``truncated_key``, ``init_key``, ``strict_length``,
-            ``pad_output``, ``weighting``, ``as_sequences``, ``burn_in``, ``state_keys``,
-            ``cache_values``, ``generator`` and ``seed``.
+            ``pad_output``, ``weighting``, ``as_sequences``, ``burn_in``, ``burn_in_align``,
+            ``burn_in_keys``, ``state_keys``, ``cache_values``, ``generator`` and ``seed``.
 
     Examples:
         >>> import torch
@@ -516,6 +643,8 @@ class SliceSamplerWithoutReplacement(SliceSampler):
         weighting: str = "trajectory",
         as_sequences: bool = False,
         burn_in: int = 0,
+        burn_in_align: str = "left",
+        burn_in_keys: Sequence[NestedKey] | None = None,
         state_keys: Sequence[NestedKey] = (),
         cache_values: bool = False,
         generator: torch.Generator | None = None,
@@ -535,6 +664,8 @@ class SliceSamplerWithoutReplacement(SliceSampler):
             weighting=weighting,
             as_sequences=as_sequences,
             burn_in=burn_in,
+            burn_in_align=burn_in_align,
+            burn_in_keys=burn_in_keys,
             state_keys=state_keys,
             cache_values=cache_values,
             generator=generator,

@@ -1,101 +1,17 @@
-"""Epochs: every item drawn once, and ``SamplerWithoutReplacement`` for single steps."""
+"""``SamplerWithoutReplacement``: every stored step once per epoch."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from splice.replay._structures import EMPTY, I64
+from splice.replay._structures import I64, Epoch, EpochState
 from splice.replay._validate import check_epoch
 from splice.replay.samplers._base import Draw, Sampler, SamplerState, expect_state
 
-__all__ = ["Epoch", "EpochState", "SamplerWithoutReplacement", "WithoutReplacementState"]
-
-
-@dataclass
-class EpochState:
-    """:class:`Epoch`: the items of the current epoch, their tags and the cursor."""
-
-    items: np.ndarray
-    tags: np.ndarray
-    cursor: int
-
-
-class Epoch:
-    """A snapshot of items, visited once each, in shuffled (or stored) order.
-
-    Items may go stale while the epoch runs (overwritten data): :meth:`take` asks a validity
-    test and skips stale ones. Items that appear during the epoch wait for the next one.
-
-    Args:
-        drop_last: an epoch ends when fewer than a full batch of items is left.
-
-    Examples:
-        >>> epoch = Epoch()
-        >>> epoch.start(np.arange(5), None, None)  # in order (a generator shuffles)
-        >>> epoch.take(3, lambda items, tags: items != 2).tolist()  # 2 went stale
-        [0, 1, 3]
-        >>> epoch.take(3, lambda items, tags: items != 2).tolist(), epoch.left
-        ([4], 0)
-    """
-
-    def __init__(self, *, drop_last: bool = False) -> None:
-        self.drop_last = drop_last
-        self.items = EMPTY
-        self.tags = EMPTY
-        self.cursor = 0
-
-    @property
-    def left(self) -> int:
-        """Items not visited yet (some may be stale)."""
-        return self.items.size - self.cursor
-
-    def finished(self, batch: int) -> bool:
-        """Whether the epoch has nothing (or, with ``drop_last``, no full batch) left."""
-        return self.left == 0 or (self.drop_last and self.left < batch)
-
-    def start(
-        self, items: np.ndarray, tags: np.ndarray | None, generator: torch.Generator | None
-    ) -> None:
-        """A new epoch over ``items`` (shuffled with ``generator``; in order when None)."""
-        if generator is not None and items.size > 1:
-            order = torch.randperm(items.size, generator=generator).numpy()
-            items = items[order]
-            tags = None if tags is None else tags[order]
-        self.items = items
-        self.tags = EMPTY if tags is None else tags
-        self.cursor = 0
-
-    def take(self, count: int, valid: Callable[[np.ndarray, np.ndarray], np.ndarray]) -> np.ndarray:
-        """Up to ``count`` valid items of this epoch, in epoch order.
-
-        ``valid(items, tags)`` returns a bool mask of the items that are still valid.
-        """
-        got: list[np.ndarray] = []
-        need = count
-        while need > 0 and self.cursor < self.items.size:
-            stop = min(self.cursor + need, self.items.size)
-            items = self.items[self.cursor : stop]
-            tags = self.tags[self.cursor : stop] if self.tags.size else EMPTY
-            self.cursor = stop
-            ok = items[valid(items, tags)]
-            got.append(ok)
-            need -= ok.size
-        return np.concatenate(got) if got else EMPTY
-
-    def state(self) -> EpochState:
-        return EpochState(self.items, self.tags, self.cursor)
-
-    def restore(self, state: EpochState) -> None:
-        self.items = np.asarray(state.items, dtype=I64)
-        self.tags = np.asarray(state.tags, dtype=I64)
-        self.cursor = state.cursor
-
-    def reset(self) -> None:
-        self.items, self.tags, self.cursor = EMPTY, EMPTY, 0
+__all__ = ["SamplerWithoutReplacement", "WithoutReplacementState"]
 
 
 @dataclass
