@@ -78,10 +78,11 @@ def test_bench_envs_quick() -> None:
 
 def test_bench_targets_quick() -> None:
     lines = run_quick("bench_targets")
-    for name in ("GAE", "TD(λ)"):
+    for name in ("GAE", "TD(λ)", "V-trace"):
         rows = [line for line in lines if line.startswith(f"| {name} [")]
-        assert len(rows) == 3, name  # three episode-length cases
+        assert len(rows) == 6, name  # three episode-length cases, round-robin and back to back
     assert all("n/a" not in line for line in lines if line.startswith("| GAE"))  # TorchRL ran
+    assert all("n/a" not in line for line in lines if line.startswith("| V-trace"))  # rlox too
 
 
 def test_bench_ppo_vs_sb3_quick(tmp_path: Path) -> None:

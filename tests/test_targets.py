@@ -6,13 +6,17 @@ bootstrap), ``truncated`` (time limit: bootstrap from the final observation's va
 ``cut`` (collector batch edge or slice end: bootstrap from the next observation's value) —
 and computes every target with Python floats. Each test lays random segments out the way
 splice's producers do (collector chunk, padded, cat, sampled slices, flat slices), with and
-without ``set_truncated`` marks, fills padding with garbage, and checks every real step.
+without ``set_truncated`` marks, fills padding with garbage, and checks every real step, on
+both implementations: the compiled CPU kernels and the torch one that accelerator tensors
+take (forced onto CPU tensors here).
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import gymnasium as gym
@@ -26,8 +30,25 @@ from tensordict import TensorDict
 from splice import Collector, LayoutError, ReplayBuffer, SliceSampler, split_trajectories
 from splice import targets as T
 from splice.layout import CUT, DONE, MASK, REWARD, TERMINATED, TRAJ_IDS, TRUNCATED
+from splice.targets import _backend, _cpu, _torch
 
 KINDS = ("terminated", "truncated", "cut")
+PATHS = ("compiled", "torch")
+
+
+@contextlib.contextmanager
+def on_path(path: str) -> Iterator[None]:
+    """Compute targets with the given implementation: "compiled" (what CPU tensors take) or
+    "torch" (what accelerator tensors take)."""
+    if path == "compiled":
+        yield
+        return
+    saved = _backend.for_device
+    _backend.for_device = lambda device: _torch  # type: ignore[assignment,return-value]
+    try:
+        yield
+    finally:
+        _backend.for_device = saved
 
 
 # --------------------------------------------------------------------------- the reference
@@ -36,9 +57,15 @@ KINDS = ("terminated", "truncated", "cut")
 @dataclass
 class Segment:
     reward: list[float]
-    value: list[float]
+    value: list[float]  # V(s_t), and Q(s_t, a_t) for Retrace
     next_value: list[float]
     kind: str  # how the segment's last step ends: one of KINDS
+    log_pi: list[float] | None = None  # the learned policy's log-probability of a_t
+    log_mu: list[float] | None = None  # the behaviour policy's
+
+    def ratio(self, k: int) -> float:
+        assert self.log_pi is not None and self.log_mu is not None
+        return math.exp(self.log_pi[k] - self.log_mu[k])
 
     def boot(self, k: int) -> float:
         """What step ``k`` may bootstrap from where its target stops there."""
@@ -86,6 +113,35 @@ def ref_return(s: Segment, gamma: float, bootstrap: bool) -> list[float]:
     return out
 
 
+def ref_vtrace(s: Segment, gamma: float, rho_bar: float,
+               c_bar: float) -> tuple[list[float], list[float]]:  # fmt: skip
+    """IMPALA's V-trace, eq. (1) and the policy-gradient advantage, on one segment."""
+    n = len(s.reward)
+    rho = [min(rho_bar, s.ratio(k)) for k in range(n)]
+    c = [min(c_bar, s.ratio(k)) for k in range(n)]
+    vs = [0.0] * n
+    for k in reversed(range(n)):
+        delta = rho[k] * (s.reward[k] + gamma * s.boot(k) - s.value[k])
+        vs[k] = s.value[k] + delta
+        if k < n - 1:
+            vs[k] += gamma * c[k] * (vs[k + 1] - s.value[k + 1])
+    after = [vs[k + 1] if k < n - 1 else s.boot(k) for k in range(n)]
+    adv = [rho[k] * (s.reward[k] + gamma * after[k] - s.value[k]) for k in range(n)]
+    return adv, vs
+
+
+def ref_retrace(s: Segment, gamma: float, lmbda: float, c_bar: float) -> list[float]:
+    """Munos et al.'s Retrace target for Q(s_t, a_t) (``s.value``), on one segment."""
+    n = len(s.reward)
+    out = [0.0] * n
+    for k in reversed(range(n)):
+        out[k] = s.reward[k] + gamma * s.boot(k)
+        if k < n - 1:
+            trace = lmbda * min(c_bar, s.ratio(k + 1))
+            out[k] += gamma * trace * (out[k + 1] - s.value[k + 1])
+    return out
+
+
 # --------------------------------------------------------------------------- layouts
 
 
@@ -93,9 +149,10 @@ def ref_return(s: Segment, gamma: float, bootstrap: bool) -> list[float]:
 class Laid:
     """A layout of segments: the batch, the value tensors, and where each segment's steps are."""
 
-    td: TensorDict
+    td: TensorDict  # the behaviour log-probabilities at "action_log_prob"
     value: torch.Tensor
     next_value: torch.Tensor
+    log_pi: torch.Tensor
     where: list[list[tuple[int, ...]]]  # per segment, the batch index of each step
 
 
@@ -108,6 +165,8 @@ def _fill(batch: tuple[int, ...], rng: np.random.Generator) -> dict[str, np.ndar
         "cut": rng.random(batch) < 0.5,
         "value": np.full(batch, np.nan, np.float32),
         "next_value": np.full(batch, np.nan, np.float32),
+        "log_pi": np.full(batch, np.nan, np.float32),
+        "log_mu": np.full(batch, np.nan, np.float32),
         "ids": np.full(batch, -1, np.int64),
         "mask": np.zeros(batch, bool),
     }
@@ -119,6 +178,8 @@ def _write(a: dict[str, np.ndarray], s: Segment, idx: list[tuple[int, ...]], tra
     for k, i in enumerate(idx):
         end = k == last
         a["reward"][i], a["value"][i], a["next_value"][i] = s.reward[k], s.value[k], s.next_value[k]
+        if s.log_pi is not None and s.log_mu is not None:
+            a["log_pi"][i], a["log_mu"][i] = s.log_pi[k], s.log_mu[k]
         a["terminated"][i] = end and s.kind == "terminated"
         a["truncated"][i] = end and (
             s.kind == "truncated" or (s.kind == "cut" and (set_truncated or slice_marks))
@@ -133,6 +194,7 @@ def _to_td(a: dict[str, np.ndarray], batch: tuple[int, ...], *, mask: bool, ids:
            cut: bool, feature_values: bool) -> Laid:  # fmt: skip
     flag = lambda x: torch.from_numpy(x).unsqueeze(-1)  # noqa: E731
     entries = {
+        "action_log_prob": torch.from_numpy(a["log_mu"]),
         REWARD: flag(a["reward"]),
         TERMINATED: flag(a["terminated"]),
         TRUNCATED: flag(a["truncated"]),
@@ -145,9 +207,11 @@ def _to_td(a: dict[str, np.ndarray], batch: tuple[int, ...], *, mask: bool, ids:
     if mask:
         entries[MASK] = torch.from_numpy(a["mask"])
     value, next_value = torch.from_numpy(a["value"]), torch.from_numpy(a["next_value"])
+    log_pi = torch.from_numpy(a["log_pi"])
     if feature_values:
         value, next_value = value.unsqueeze(-1), next_value.unsqueeze(-1)
-    return Laid(TensorDict(entries, batch_size=list(batch)), value, next_value, [])
+        log_pi = log_pi.unsqueeze(-1)
+    return Laid(TensorDict(entries, batch_size=list(batch)), value, next_value, log_pi, [])
 
 
 def lay_chunk(rows: list[list[Segment]], rng: np.random.Generator, *, set_truncated: bool,
@@ -185,7 +249,8 @@ def lay_padded(segs: list[Segment], rng: np.random.Generator, *, set_truncated: 
         if slices:  # padding repeats the last real row (finite), mask False
             last = idx[-1]
             for k in range(len(s.reward), width):
-                for key in ("reward", "terminated", "truncated", "value", "next_value", "ids"):
+                for key in ("reward", "terminated", "truncated", "value", "next_value", "ids",
+                            "log_pi", "log_mu"):  # fmt: skip
                     a[key][n, k] = a[key][last]
                 a["cut"][n, k] = False
         where.append(idx)
@@ -223,7 +288,9 @@ def _segment(rng: np.random.Generator, length: int, kind: str) -> Segment:
     r = rng.normal(size=length).round(3).tolist()
     v = rng.normal(size=length).round(3).tolist()
     nv = rng.normal(size=length).round(3).tolist()
-    return Segment(r, v, nv, kind)
+    log_mu = (-rng.exponential(size=length)).round(3).tolist()  # ratios in about [0.1, 10]
+    log_pi = (np.array(log_mu) + rng.normal(size=length)).round(3).tolist()
+    return Segment(r, v, nv, kind, log_pi, log_mu)
 
 
 @st.composite
@@ -252,32 +319,49 @@ def chunk_rows(draw: st.DrawFn) -> tuple[list[list[Segment]], np.random.Generato
 
 
 rates = st.sampled_from([0.0, 0.5, 0.9, 0.99, 1.0])
+thresholds = st.sampled_from([0.5, 1.0, 2.0, math.inf])
 
 
 # --------------------------------------------------------------------------- checks
 
 
-def check(laid: Laid, segs: list[Segment], gamma: float, lmbda: float, n: int) -> None:
-    td, v, nv = laid.td, laid.value, laid.next_value
-    adv, target = T.gae(td, v, nv, gamma=gamma, lmbda=lmbda)
-    lam = T.td_lambda_return(td, nv, gamma=gamma, lmbda=lmbda)
-    nstep = T.n_step_return(td, nv, n=n, gamma=gamma)
-    mc = T.discounted_return(td, gamma=gamma)
-    boot = T.discounted_return(td, nv, gamma=gamma)
-    outputs = [adv, target, lam, nstep, mc, boot]
+@dataclass(frozen=True)
+class Params:
+    gamma: float
+    lmbda: float
+    n: int
+    rho_bar: float
+    c_bar: float
+
+
+params = st.builds(Params, rates, rates, st.integers(1, 6), thresholds, thresholds)
+
+
+def check(laid: Laid, segs: list[Segment], p: Params, path: str) -> None:
+    td, v, nv, lp = laid.td, laid.value, laid.next_value, laid.log_pi
+    with on_path(path):
+        adv, target = T.gae(td, v, nv, gamma=p.gamma, lmbda=p.lmbda)
+        lam = T.td_lambda_return(td, nv, gamma=p.gamma, lmbda=p.lmbda)
+        nstep = T.n_step_return(td, nv, n=p.n, gamma=p.gamma)
+        mc = T.discounted_return(td, gamma=p.gamma)
+        boot = T.discounted_return(td, nv, gamma=p.gamma)
+        pg, vs = T.vtrace(td, v, nv, log_pi=lp, gamma=p.gamma, rho_thresh=p.rho_bar,
+                          c_thresh=p.c_bar)  # fmt: skip
+        ret = T.retrace(td, v, nv, log_pi=lp, gamma=p.gamma, lmbda=p.lmbda, c_thresh=p.c_bar)
+    outputs = [adv, target, lam, nstep, mc, boot, pg, vs, ret]
     for out in outputs:
         assert out.shape == (*td.batch_size, 1)
         assert torch.isfinite(out).all()  # NaN values on padding never leak
     real = torch.zeros(td.batch_size, dtype=torch.bool)
     for s, idx in zip(segs, laid.where, strict=True):
-        ref_adv, ref_target = ref_gae(s, gamma, lmbda)
         refs = [
-            ref_adv,
-            ref_target,
-            ref_td_lambda(s, gamma, lmbda),
-            ref_n_step(s, n, gamma),
-            ref_return(s, gamma, False),
-            ref_return(s, gamma, True),
+            *ref_gae(s, p.gamma, p.lmbda),
+            ref_td_lambda(s, p.gamma, p.lmbda),
+            ref_n_step(s, p.n, p.gamma),
+            ref_return(s, p.gamma, False),
+            ref_return(s, p.gamma, True),
+            *ref_vtrace(s, p.gamma, p.rho_bar, p.c_bar),
+            ref_retrace(s, p.gamma, p.lmbda, p.c_bar),
         ]
         for out, ref in zip(outputs, refs, strict=True):
             got = torch.stack([out[i].squeeze(-1) for i in idx]).double()
@@ -289,34 +373,35 @@ def check(laid: Laid, segs: list[Segment], gamma: float, lmbda: float, n: int) -
         assert (out.squeeze(-1)[~real] == 0).all()
 
 
+@pytest.mark.parametrize("path", PATHS)
 @settings(max_examples=80, deadline=None)
-@given(chunk_rows(), rates, rates, st.integers(1, 6), st.booleans(), st.booleans())
-def test_chunk_matches_reference(data, gamma, lmbda, n, set_truncated, feature) -> None:
+@given(chunk_rows(), params, st.booleans(), st.booleans())
+def test_chunk_matches_reference(path, data, p, set_truncated, feature) -> None:
     rows, rng = data
     laid = lay_chunk(rows, rng, set_truncated=set_truncated, feature_values=feature)
-    check(laid, [s for row in rows for s in row], gamma, lmbda, n)
+    check(laid, [s for row in rows for s in row], p, path)
 
 
+@pytest.mark.parametrize("path", PATHS)
 @settings(max_examples=80, deadline=None)
-@given(segment_lists(), rates, rates, st.integers(1, 6), st.booleans(), st.booleans(),
-       st.booleans())  # fmt: skip
-def test_padded_and_slices_match_reference(data, gamma, lmbda, n, set_truncated, slices,
+@given(segment_lists(), params, st.booleans(), st.booleans(), st.booleans())
+def test_padded_and_slices_match_reference(path, data, p, set_truncated, slices,
                                            feature) -> None:  # fmt: skip
     segs, rng = data
     laid = lay_padded(segs, rng, set_truncated=set_truncated, slices=slices,
                       feature_values=feature)  # fmt: skip
-    check(laid, segs, gamma, lmbda, n)
+    check(laid, segs, p, path)
 
 
+@pytest.mark.parametrize("path", PATHS)
 @settings(max_examples=80, deadline=None)
-@given(segment_lists(), rates, rates, st.integers(1, 6), st.booleans(), st.booleans(),
-       st.booleans(), st.booleans())  # fmt: skip
-def test_flat_layouts_match_reference(data, gamma, lmbda, n, set_truncated, slices, feature,
+@given(segment_lists(), params, st.booleans(), st.booleans(), st.booleans(), st.booleans())
+def test_flat_layouts_match_reference(path, data, p, set_truncated, slices, feature,
                                       ids) -> None:  # fmt: skip
     segs, rng = data
     laid = lay_flat(segs, rng, set_truncated=set_truncated, slices=slices,
                     feature_values=feature, ids=ids)  # fmt: skip
-    check(laid, segs, gamma, lmbda, n)
+    check(laid, segs, p, path)
 
 
 @settings(max_examples=30, deadline=None)
@@ -447,6 +532,39 @@ def test_real_slices_bootstrap_at_their_ends(as_sequences: bool) -> None:
                                    rtol=1e-5, atol=1e-4)  # fmt: skip
 
 
+def test_real_slices_with_burn_in() -> None:
+    """R2D2's layout: ``[S, burn_in + slice_len]`` sequences, left-aligned (burn-in, training
+    steps, padding). Every real step (burn-in ones too) gets its slice's targets."""
+    sampler = SliceSampler(slice_len=5, burn_in=3, strict_length=False, seed=1,
+                           as_sequences=True)  # fmt: skip
+    rb = ReplayBuffer(sampler=sampler, batch_size=12 * 5)
+    for batch in _real_chunks(set_truncated=False):
+        rb.extend(batch)
+    sample = rb.sample()
+    assert sample.batch_size == (12, 8) and sample["collector", "burn_in"].any()
+    assert not sample[MASK].all()  # some slices are shorter than the width: padding
+    v, nv = _value_fn(sample["observation"]), _value_fn(sample["next", "observation"])
+    log_mu = -0.1 * sample["observation"][..., 0].abs()
+    log_pi = -0.2 * sample["observation"][..., 1].abs()
+    adv, _ = T.gae(sample, v, nv, gamma=0.9, lmbda=0.8)
+    pg, vs = T.vtrace(sample, v, nv, log_pi=log_pi, log_mu=log_mu, gamma=0.9)
+    ret = T.retrace(sample, v, nv, log_pi=log_pi, log_mu=log_mu, gamma=0.9, lmbda=0.8)
+    for j in range(12):
+        real = sample[MASK][j]
+        row = sample[j][real]
+        kind = "terminated" if row[TERMINATED][-1].item() else "cut"
+        seg = Segment(row[REWARD].squeeze(-1).tolist(), v[j][real].tolist(),
+                      nv[j][real].tolist(), kind, log_pi[j][real].tolist(),
+                      log_mu[j][real].tolist())  # fmt: skip
+        want = [ref_gae(seg, 0.9, 0.8)[0], *ref_vtrace(seg, 0.9, 1.0, 1.0),
+                ref_retrace(seg, 0.9, 0.8, 1.0)]  # fmt: skip
+        for got, ref in zip((adv, pg, vs, ret), want, strict=True):
+            torch.testing.assert_close(got[j][real].squeeze(-1).double(),
+                                       torch.tensor(ref, dtype=torch.float64),
+                                       rtol=1e-5, atol=1e-4)  # fmt: skip
+            assert (got[j][~real] == 0).all()
+
+
 # --------------------------------------------------------------------------- TorchRL
 
 
@@ -519,6 +637,84 @@ def test_where_torchrl_differs() -> None:
         assert not torch.allclose(ours[0, :3], theirs[0, :3])  # padding leaked into TorchRL's
 
 
+def _torchrl_vtrace(laid: Laid, gamma: float, rho_bar: float, c_bar: float, time_dim: int = -2):
+    shape = (*laid.td.batch_size, 1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return torchrl_value.vtrace_advantage_estimate(
+            gamma, laid.log_pi.reshape(shape), laid.td["action_log_prob"].reshape(shape),
+            laid.value.reshape(shape), laid.next_value.reshape(shape), laid.td[REWARD],
+            laid.td[DONE], laid.td[TERMINATED], rho_thresh=rho_bar, c_thresh=c_bar,
+            time_dim=time_dim,
+        )  # fmt: skip
+
+
+@settings(max_examples=40, deadline=None)
+@given(chunk_rows(), st.sampled_from([0.5, 0.9, 0.99]), thresholds, thresholds, st.booleans())
+def test_vtrace_agrees_with_torchrl_on_chunks(data, gamma, rho_bar, c_bar, set_truncated) -> None:
+    """[B, T] chunks: TorchRL's ``vtrace_advantage_estimate`` stops at every done and at a
+    row's end, bootstraps truncations from the next value: the same targets."""
+    rows, rng = data
+    laid = lay_chunk(rows, rng, set_truncated=set_truncated, feature_values=True)
+    ours = T.vtrace(laid.td, laid.value, laid.next_value, log_pi=laid.log_pi, gamma=gamma,
+                    rho_thresh=rho_bar, c_thresh=c_bar)  # fmt: skip
+    theirs = _torchrl_vtrace(laid, gamma, rho_bar, c_bar)  # (advantage, value target)
+    for a, b in zip(ours, theirs, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+
+
+@settings(max_examples=40, deadline=None)
+@given(segment_lists(), st.sampled_from([0.9, 0.99]), thresholds, thresholds)
+def test_vtrace_agrees_with_torchrl_on_cat_with_set_truncated(data, gamma, rho_bar,
+                                                               c_bar) -> None:  # fmt: skip
+    """The cat layout agrees once every boundary is marked done (``set_truncated=True``)."""
+    segs, rng = data
+    laid = lay_flat(segs, rng, set_truncated=True, slices=False, feature_values=True, ids=True)
+    ours = T.vtrace(laid.td, laid.value, laid.next_value, log_pi=laid.log_pi, gamma=gamma,
+                    rho_thresh=rho_bar, c_thresh=c_bar)  # fmt: skip
+    theirs = _torchrl_vtrace(laid, gamma, rho_bar, c_bar)
+    for a, b in zip(ours, theirs, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+
+
+def test_vtrace_where_torchrl_differs() -> None:
+    """TorchRL reads only done: a cut without ``set_truncated`` in a flat layout runs its
+    trace into the next trajectory (splice stops at the cut and the id change)."""
+    rng = np.random.default_rng(1)
+    segs = [_segment(rng, 3, "cut"), _segment(rng, 4, "terminated")]
+    laid = lay_flat(segs, rng, set_truncated=False, slices=False, feature_values=True, ids=True)
+    laid.td[TRAJ_IDS][3:] = 9
+    ours = T.vtrace(laid.td, laid.value, laid.next_value, log_pi=laid.log_pi, gamma=0.9)
+    theirs = _torchrl_vtrace(laid, 0.9, 1.0, 1.0)
+    for a, b in zip(ours, theirs, strict=True):
+        torch.testing.assert_close(a[3:], b[3:])  # the episode after the cut agrees
+        assert not torch.allclose(a[:3], b[:3])  # TorchRL runs on past the cut
+    want = ref_vtrace(segs[0], 0.9, 1.0, 1.0)
+    for a, ref in zip(ours, want, strict=True):
+        torch.testing.assert_close(a[:3].squeeze(-1), torch.tensor(ref))
+
+
+def test_on_policy_vtrace_is_gae_with_lambda_one() -> None:
+    """With pi = mu (ratio 1) and c_bar >= 1, V-trace's value target is GAE's (lambda=1)
+    value target; log_rho=0 gives the same as log_pi = log_mu."""
+    rng = np.random.default_rng(2)
+    rows = [[_segment(rng, 5, "truncated"), _segment(rng, 6, "cut")],
+            [_segment(rng, 4, "terminated"), _segment(rng, 7, "cut")]]  # fmt: skip
+    laid = lay_chunk(rows, rng, set_truncated=False, feature_values=False)
+    log_mu = laid.td["action_log_prob"]
+    adv, vs = T.vtrace(laid.td, laid.value, laid.next_value, log_pi=log_mu, gamma=0.9)
+    _, target = T.gae(laid.td, laid.value, laid.next_value, gamma=0.9, lmbda=1.0)
+    torch.testing.assert_close(vs, target)
+    same, _ = T.vtrace(laid.td, laid.value, laid.next_value, log_rho=torch.zeros(2, 11),
+                       gamma=0.9)  # fmt: skip
+    torch.testing.assert_close(same, adv)
+    # a feed-forward critic (next_value[t] = value[t + 1] inside episodes): advantages agree
+    cont = T.continues(laid.td)
+    nv = torch.where(cont, torch.nn.functional.pad(laid.value[:, 1:], (0, 1)), laid.next_value)
+    adv, _ = T.vtrace(laid.td, laid.value, nv, log_pi=log_mu, gamma=0.9)
+    torch.testing.assert_close(adv, T.gae(laid.td, laid.value, nv, gamma=0.9, lmbda=1.0)[0])
+
+
 # --------------------------------------------------------------------------- errors
 
 
@@ -565,6 +761,42 @@ def test_errors_name_the_argument_and_leave_the_batch_unchanged() -> None:
     assert (td == before).all()
 
 
+def test_off_policy_errors_name_the_argument_and_key() -> None:
+    td = _small()
+    before = td.clone()
+    v, lp = torch.zeros(2, 3), torch.zeros(2, 3)
+    for fn, kwargs in ((T.vtrace, {}), (T.retrace, {"lmbda": 0.9})):
+        with pytest.raises(LayoutError, match=r"log_mu not given and key 'action_log_prob'"
+                           r".*policy that collected the data must write"):  # fmt: skip
+            fn(td, v, v, log_pi=lp, gamma=0.9, **kwargs)
+        with pytest.raises(LayoutError, match="key 'my_log_prob'"):
+            fn(td, v, v, log_pi=lp, gamma=0.9, keys=T.TargetKeys(sample_log_prob="my_log_prob"),
+               **kwargs)  # fmt: skip
+        with pytest.raises(ValueError, match="log_pi is required"):
+            fn(td, v, v, log_mu=lp, gamma=0.9, **kwargs)
+        with pytest.raises(ValueError, match="not both"):
+            fn(td, v, v, log_pi=lp, log_rho=lp, gamma=0.9, **kwargs)
+        with pytest.raises(ValueError, match=r"c_thresh must be > 0"):
+            fn(td, v, v, log_pi=lp, log_mu=lp, gamma=0.9, c_thresh=0.0, **kwargs)
+        with pytest.raises(ValueError, match=r"c_thresh must be > 0"):
+            fn(td, v, v, log_pi=lp, log_mu=lp, gamma=0.9, c_thresh=math.nan, **kwargs)
+        with pytest.raises(TypeError, match="c_thresh must be a float"):
+            fn(td, v, v, log_pi=lp, log_mu=lp, gamma=0.9, c_thresh=True, **kwargs)
+        with pytest.raises(TypeError, match="log_pi must be a floating-point tensor"):
+            fn(td, v, v, log_pi=lp.long(), log_mu=lp, gamma=0.9, **kwargs)
+        with pytest.raises(ValueError, match=r"log_rho: expected shape \[2, 3\]"):
+            fn(td, v, v, log_rho=torch.zeros(3), gamma=0.9, **kwargs)
+        with pytest.raises(ValueError, match="log_mu is on meta, the batch on cpu"):
+            fn(td, v, v, log_pi=lp, log_mu=lp.to("meta"), gamma=0.9, **kwargs)
+    with pytest.raises(ValueError, match=r"rho_thresh must be > 0 \(math.inf: no clipping\)"):
+        T.vtrace(td, v, v, log_pi=lp, log_mu=lp, gamma=0.9, rho_thresh=-1.0)
+    with pytest.raises(LayoutError, match="'state_action_value'"):
+        T.retrace(td, next_value=v, log_pi=lp, log_mu=lp, gamma=0.9)
+    with pytest.raises(ValueError, match="lmbda must be in"):
+        T.retrace(td, v, v, log_pi=lp, log_mu=lp, gamma=0.9, lmbda=2.0)
+    assert (td == before).all()
+
+
 def test_values_may_come_from_the_batch_under_torchrl_names() -> None:
     td = _small()
     v, nv = torch.randn(2, 3), torch.randn(2, 3, 1)
@@ -587,14 +819,114 @@ def test_terminated_next_value_is_never_read() -> None:
     assert torch.isfinite(out).all()
 
 
-def test_scan_matches_a_sequential_loop_on_long_rows() -> None:
-    """The parallel scan on [3, 3000] rows with a few long segments, in float32."""
+@pytest.mark.parametrize("scan", [_torch.reverse_scan, _cpu._scan], ids=["torch", "compiled"])
+def test_scan_matches_a_sequential_loop_on_long_rows(scan) -> None:
+    """Each implementation's scan on [5, 3000] rows (four interleaved and one alone, for the
+    compiled one) with a few long segments, in float32."""
     gen = torch.Generator().manual_seed(0)
-    b = torch.randn(3, 3000, generator=gen)
-    c = 0.999 * (torch.rand(3, 3000, generator=gen) > 0.001).float()
-    want = torch.zeros(3, 3000, dtype=torch.float64)
-    running = torch.zeros(3, dtype=torch.float64)
+    b = torch.randn(5, 3000, generator=gen)
+    c = 0.999 * (torch.rand(5, 3000, generator=gen) > 0.001).float()
+    want = torch.zeros(5, 3000, dtype=torch.float64)
+    running = torch.zeros(5, dtype=torch.float64)
     for t in reversed(range(3000)):
         running = b[:, t].double() + c[:, t].double() * running
         want[:, t] = running
-    torch.testing.assert_close(T._reverse_scan(b, c).double(), want, rtol=1e-4, atol=1e-3)
+    if scan is _cpu._scan:
+        got = b.clone()
+        scan(got.numpy(), c.numpy())
+    else:
+        got = scan(b, c)
+    torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-3)
+
+
+def test_dtypes_strides_and_both_paths() -> None:
+    """float64 values give float64 targets, half precision is computed in float32 and cast
+    back; a strided batch gives its contiguous copy's targets; the two paths agree."""
+    rng = np.random.default_rng(5)
+    rows = [[_segment(rng, 5, "truncated"), _segment(rng, 9, "cut")],
+            [_segment(rng, 8, "terminated"), _segment(rng, 6, "cut")]]  # fmt: skip
+    laid = lay_chunk(rows, rng, set_truncated=False, feature_values=False)
+    td, v, nv, lp = laid.td, laid.value, laid.next_value, laid.log_pi
+
+    def every(td, v, nv, lp):
+        return [
+            *T.gae(td, v, nv, gamma=0.9, lmbda=0.8),
+            T.td_lambda_return(td, nv, gamma=0.9, lmbda=0.8),
+            T.n_step_return(td, nv, n=3, gamma=0.9),
+            T.discounted_return(td, gamma=0.9),
+            *T.vtrace(td, v, nv, log_pi=lp, gamma=0.9),
+            T.retrace(td, v, nv, log_pi=lp, gamma=0.9, lmbda=0.8),
+        ]
+
+    base = every(td, v, nv, lp)
+    with on_path("torch"):
+        for a, b in zip(base, every(td, v, nv, lp), strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    for path in PATHS:  # targets are constants, also from values that carry a gradient
+        with on_path(path):
+            grads = every(td, *(x.clone().requires_grad_() for x in (v, nv, lp)))
+        assert not any(x.requires_grad for x in grads)
+    for i, (a, b) in enumerate(zip(base, every(td, v.double(), nv.double(), lp), strict=True)):
+        assert b.dtype == (torch.float32 if i == 4 else torch.float64)  # 4: rewards only
+        torch.testing.assert_close(a.double(), b.double(), rtol=1e-5, atol=1e-5)
+    for a, b in zip(base[:2], every(td, v.bfloat16(), nv.bfloat16(), lp)[:2], strict=True):
+        assert b.dtype == torch.bfloat16
+        torch.testing.assert_close(a, b.float(), rtol=0.05, atol=0.1)
+    # a strided view: every other row of a [4, T] stack, columns reversed twice
+    big = torch.stack([td, td.clone()], 1).reshape(4, td.batch_size[1])[::2]
+    assert not big[REWARD].is_contiguous()
+    strided = [torch.stack([x, x], 1).reshape(4, -1)[::2] for x in (v, nv, lp)]
+    for a, b in zip(base, every(big, *strided), strict=True):
+        torch.testing.assert_close(a, b)
+
+
+def test_cpu_tensors_take_the_compiled_kernels_other_devices_torch() -> None:
+    assert _backend.for_device(torch.device("cpu")) is _cpu
+    assert _backend.for_device(torch.device("cuda", 0)) is _torch
+    assert _backend.for_device(torch.device("meta")) is _torch
+
+
+def _run(code: str, env: dict[str, str] | None = None) -> str:
+    import os
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=240, check=True, env={**os.environ, **(env or {})})  # fmt: skip
+    return out.stdout.strip()
+
+
+def test_import_splice_does_not_import_numba() -> None:
+    """numba is imported by the first target on a CPU tensor, not by ``import splice``."""
+    code = (
+        "import sys, torch, splice\n"
+        "before = 'numba' in sys.modules\n"
+        "from tensordict import TensorDict\n"
+        "td = TensorDict({('next', 'reward'): torch.ones(3, 1),\n"
+        "                 ('next', 'terminated'): torch.zeros(3, 1, dtype=torch.bool),\n"
+        "                 ('next', 'done'): torch.zeros(3, 1, dtype=torch.bool)}, [3])\n"
+        "splice.targets.discounted_return(td, gamma=0.5)\n"
+        "print(before, 'numba' in sys.modules)"
+    )
+    assert _run(code) == "False True"
+
+
+def test_kernels_are_cached_on_disk(tmp_path) -> None:
+    """The first process compiles the kernels it uses and writes them to numba's cache; the
+    next one loads them (no compile)."""
+    code = (
+        "import torch\n"
+        "from tensordict import TensorDict\n"
+        "from splice import targets\n"
+        "from splice.targets import _cpu\n"
+        "td = TensorDict({('next', 'reward'): torch.ones(2, 3, 1),\n"
+        "                 ('next', 'terminated'): torch.zeros(2, 3, 1, dtype=torch.bool),\n"
+        "                 ('next', 'done'): torch.zeros(2, 3, 1, dtype=torch.bool)}, [2, 3])\n"
+        "targets.gae(td, torch.zeros(2, 3), torch.ones(2, 3), gamma=0.9, lmbda=0.9)\n"
+        "stats = _cpu._gae.stats\n"
+        "print(sum(stats.cache_misses.values()), sum(stats.cache_hits.values()))"
+    )
+    env = {"NUMBA_CACHE_DIR": str(tmp_path)}
+    assert _run(code, env) == "1 0"  # compiled, and written to the cache
+    assert any(tmp_path.rglob("*.nbi")) and any(tmp_path.rglob("*.nbc"))
+    assert _run(code, env) == "0 1"  # loaded from it
