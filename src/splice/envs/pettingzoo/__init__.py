@@ -61,7 +61,7 @@ import importlib.util
 import sys
 from typing import Any
 
-from splice.envs.pettingzoo._policy import AgentSlotsPolicy, PolicyMap
+from splice.envs.pettingzoo._policy import PolicyMap
 from splice.envs.pettingzoo._slots import (
     AGENT_GROUP,
     AGENT_ID,
